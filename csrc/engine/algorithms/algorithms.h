@@ -1,0 +1,43 @@
+// The collective algorithms. Each runs on the progress thread inside one Collective and returns when
+// this rank's part is complete (or throws). Buffers are raw bytes; counts are elements of c.dtype().
+#pragma once
+
+#include <vector>
+
+#include "../collective.h"
+
+namespace mccl {
+
+// --- ring.cc: the bandwidth-optimal building blocks -------------------------------------------
+// On return segs[rank] holds the reduction over all ranks of their segs[rank]. Other segments are
+// left with partial sums.
+void ring_reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32_t step_base);
+// On entry segs[rank] holds this rank's part; on return every segs[k] holds rank k's part.
+void ring_allgather(Collective& c, const std::vector<Segment>& segs, uint32_t step_base);
+// Splits `bytes` into size() segments of whole elements, as evenly as possible (the first ones get
+// one more element), with logical offsets starting at 0.
+std::vector<Segment> even_segments(char* data, size_t count, size_t element_size, int parts);
+
+// --- allreduce.cc -------------------------------------------------------------------------------
+void allreduce(Collective& c, void* buf, size_t count);
+void allreduce_ring(Collective& c, void* buf, size_t count);
+void allreduce_recursive_doubling(Collective& c, void* buf, size_t count);
+
+// --- rooted.cc: one rank is the source or the destination ---------------------------------------
+void broadcast(Collective& c, void* buf, size_t count, int root);
+void reduce(Collective& c, void* buf, size_t count, int root);
+// outs (root only) holds size() pointers of `bytes` each.
+void gather(Collective& c, const void* in, size_t bytes, const std::vector<char*>& outs, int root);
+void scatter(Collective& c, const std::vector<const char*>& ins, void* out, size_t bytes, int root);
+
+// --- exchange.cc: everyone to everyone --------------------------------------------------------
+// outs holds size() pointers of `count` elements each; in is this rank's `count` elements.
+void allgather(Collective& c, const void* in, size_t count, const std::vector<char*>& outs);
+// in holds size() * count elements (rank k's block at k*count); out receives this rank's block.
+void reduce_scatter(Collective& c, const void* in, size_t count, void* out);
+// send_counts/recv_counts in elements, one per rank; blocks are packed in rank order.
+void alltoall(Collective& c, const void* in, const std::vector<size_t>& send_counts, void* out,
+              const std::vector<size_t>& recv_counts);
+void barrier(Collective& c);
+
+}  // namespace mccl

@@ -1,0 +1,89 @@
+// Allreduce: the ring (reduce-scatter, then all-gather) for bandwidth, recursive doubling for latency.
+#include <cstring>
+
+#include "../reduce.h"
+#include "algorithms.h"
+
+namespace mccl {
+
+namespace {
+constexpr uint32_t kUnfoldStep = 0xFFFF;  // header step of the unfold message, after every doubling step
+}  // namespace
+
+void allreduce(Collective& c, void* buf, size_t count) {
+  const size_t bytes = count * dtype_size(c.dtype());
+  AlgoChoice algo = c.config().algo;
+  if (algo == AlgoChoice::kAuto) {
+    // The ring needs n-1 messages per phase for every rank; with less than one element per rank, or
+    // small buffers where latency dominates, log2(n) full-buffer exchanges are cheaper.
+    bool small = bytes <= c.config().rd_max_bytes || count < static_cast<size_t>(c.size());
+    algo = small ? AlgoChoice::kRecursiveDoubling : AlgoChoice::kRing;
+  }
+  if (algo == AlgoChoice::kRing) allreduce_ring(c, buf, count);
+  else allreduce_recursive_doubling(c, buf, count);
+}
+
+void allreduce_ring(Collective& c, void* buf, size_t count) {
+  const size_t esize = dtype_size(c.dtype());
+  auto segs = even_segments(static_cast<char*>(buf), count, esize, c.size());
+  ring_reduce_scatter(c, segs, 0);
+  if (c.op() == ReduceOp::kAvg) {
+    const Segment& own = segs[c.rank()];
+    divide_by(own.data, own.bytes / esize, c.dtype(), c.size());
+  }
+  ring_allgather(c, segs, static_cast<uint32_t>(c.size() - 1));
+}
+
+// Recursive doubling with the standard fold for non-powers of two. Let p be the largest power of two
+// <= n and x = n - p. Fold: among the first 2x ranks, each even rank sends its buffer to the odd rank
+// above it and sits out. The p remaining ranks (renumbered 0..p-1) exchange full buffers with the
+// partner whose new number differs in bit k, for k = 0..log2(p)-1, reducing after each exchange.
+// Unfold: each odd rank of the first 2x hands the result back to its even partner. Reductions are
+// commutative, so both partners compute bit-identical results and every rank ends with the same bytes.
+void allreduce_recursive_doubling(Collective& c, void* buf, size_t count) {
+  const int n = c.size(), r = c.rank();
+  const size_t bytes = count * dtype_size(c.dtype());
+  char* data = static_cast<char*>(buf);
+  if (n > 1) {
+    int p = 1;
+    while (p * 2 <= n) p *= 2;
+    const int extra = n - p;
+    char* incoming = c.scratch(0, bytes);
+    uint32_t step = 0;
+
+    int new_rank;
+    if (r < 2 * extra) {
+      if (r % 2 == 0) {
+        auto sent = c.send(r + 1, data, bytes, 0, step);
+        auto back = c.recv(r + 1, data, bytes, 0, kUnfoldStep);
+        c.wait(sent);
+        c.wait(back);
+        new_rank = -1;
+      } else {
+        c.wait(c.recv(r - 1, incoming, bytes, 0, step));
+        reduce_into(data, incoming, count, c.dtype(), c.op());
+        new_rank = r / 2;
+      }
+    } else {
+      new_rank = r - extra;
+    }
+    ++step;
+
+    if (new_rank >= 0) {
+      auto real_rank = [extra](int v) { return v < extra ? v * 2 + 1 : v + extra; };
+      for (int mask = 1; mask < p; mask <<= 1, ++step) {
+        int partner = real_rank(new_rank ^ mask);
+        auto in = c.recv(partner, incoming, bytes, 0, step);
+        auto out = c.send(partner, data, bytes, 0, step);
+        c.wait(in);
+        c.wait(out);  // `data` is about to change: the send must have left it
+        reduce_into(data, incoming, count, c.dtype(), c.op());
+      }
+      if (r < 2 * extra) c.wait(c.send(r - 1, data, bytes, 0, kUnfoldStep));
+    }
+  }
+  // Every rank divides its own copy; the unfold above sent the undivided sum.
+  if (c.op() == ReduceOp::kAvg) divide_by(data, count, c.dtype(), n);
+}
+
+}  // namespace mccl

@@ -1,0 +1,124 @@
+// Ring reduce-scatter and all-gather, pipelined in pieces of MCCL_CHUNK_BYTES.
+//
+// Ranks form a ring: each sends only to its right neighbour (rank+1) and receives only from its
+// left (rank-1), so every link carries the same load and the total traffic per rank is
+// 2(n-1)/n of the buffer for an allreduce: bandwidth-optimal.
+//
+// Reduce-scatter schedule, n ranks, buffer in n segments: at step s (0 <= s < n-1) rank r sends
+// segment (r-s-1) and receives segment (r-s-2), which it reduces into its own copy. What it receives
+// at step s is what it sends at step s+1, so after n-1 steps segment r holds everyone's
+// contribution. Each segment moves as pieces: a piece received at step s is reduced and forwarded at
+// once, while the next pieces are still on the wire. Receives land in a double buffer (step s in
+// half s%2), posted two steps ahead so early data never waits in an unexpected-frame copy.
+//
+// All-gather schedule: at step s rank r sends segment (r-s) and receives segment (r-s-1) straight
+// into its final place (zero-copy); a received piece is forwarded at step s+1 from where it landed.
+#include <algorithm>
+
+#include "../reduce.h"
+#include "algorithms.h"
+
+namespace mccl {
+namespace {
+
+int wrap(int value, int n) { return ((value % n) + n) % n; }
+
+// Pieces of a segment: at least one (an empty frame still tells the peer what we called),
+// the last one clamped to the segment's end.
+struct Pieces {
+  size_t piece;
+  size_t count(const Segment& seg) const { return std::max<size_t>(1, (seg.bytes + piece - 1) / piece); }
+  size_t begin(const Segment& seg, size_t p) const { return std::min(seg.bytes, p * piece); }
+  size_t length(const Segment& seg, size_t p) const { return std::min(seg.bytes, (p + 1) * piece) - begin(seg, p); }
+};
+
+}  // namespace
+
+std::vector<Segment> even_segments(char* data, size_t count, size_t element_size, int parts) {
+  std::vector<Segment> segs(parts);
+  size_t base = count / parts, extra = count % parts, offset = 0;
+  for (int k = 0; k < parts; ++k) {
+    size_t elements = base + (static_cast<size_t>(k) < extra ? 1 : 0);
+    segs[k] = {data + offset, elements * element_size, offset};
+    offset += elements * element_size;
+  }
+  return segs;
+}
+
+void ring_reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32_t step_base) {
+  const int n = c.size(), r = c.rank();
+  if (n == 1) return;
+  const int right = wrap(r + 1, n), left = wrap(r - 1, n), steps = n - 1;
+  const size_t esize = dtype_size(c.dtype());
+  const Pieces pieces{c.piece_bytes(esize)};
+  size_t max_seg = 0;
+  for (const auto& seg : segs) max_seg = std::max(max_seg, seg.bytes);
+  char* halves = c.scratch(0, 2 * max_seg);
+
+  auto send_seg = [&](int s) -> const Segment& { return segs[wrap(r - s - 1, n)]; };
+  auto recv_seg = [&](int s) -> const Segment& { return segs[wrap(r - s - 2, n)]; };
+  std::vector<std::vector<RequestPtr>> recvs(steps);
+  std::vector<RequestPtr> sends;
+  auto post_recvs = [&](int s) {
+    const Segment& seg = recv_seg(s);
+    char* half = halves + (s % 2) * max_seg;
+    for (size_t p = 0; p < pieces.count(seg); ++p) {
+      size_t at = pieces.begin(seg, p);
+      recvs[s].push_back(c.recv(left, half + at, pieces.length(seg, p), seg.offset + at, step_base + s));
+    }
+  };
+
+  post_recvs(0);
+  if (steps > 1) post_recvs(1);
+  for (size_t p = 0; p < pieces.count(send_seg(0)); ++p) {
+    const Segment& seg = send_seg(0);
+    size_t at = pieces.begin(seg, p);
+    sends.push_back(c.send(right, seg.data + at, pieces.length(seg, p), seg.offset + at, step_base));
+  }
+  for (int s = 0; s < steps; ++s) {
+    const Segment& seg = recv_seg(s);
+    const char* half = halves + (s % 2) * max_seg;
+    for (size_t p = 0; p < pieces.count(seg); ++p) {
+      size_t at = pieces.begin(seg, p), len = pieces.length(seg, p);
+      c.wait(recvs[s][p]);
+      reduce_into(seg.data + at, half + at, len / esize, c.dtype(), c.op());
+      if (s + 1 < steps) sends.push_back(c.send(right, seg.data + at, len, seg.offset + at, step_base + s + 1));
+    }
+    if (s + 2 < steps) post_recvs(s + 2);
+  }
+  c.wait_all(sends);
+}
+
+void ring_allgather(Collective& c, const std::vector<Segment>& segs, uint32_t step_base) {
+  const int n = c.size(), r = c.rank();
+  if (n == 1) return;
+  const int right = wrap(r + 1, n), left = wrap(r - 1, n), steps = n - 1;
+  const Pieces pieces{c.piece_bytes(dtype_size(c.dtype()))};
+
+  std::vector<std::vector<RequestPtr>> recvs(steps);
+  std::vector<RequestPtr> sends;
+  for (int s = 0; s < steps; ++s) {
+    const Segment& seg = segs[wrap(r - s - 1, n)];
+    for (size_t p = 0; p < pieces.count(seg); ++p) {
+      size_t at = pieces.begin(seg, p);
+      recvs[s].push_back(c.recv(left, seg.data + at, pieces.length(seg, p), seg.offset + at, step_base + s));
+    }
+  }
+  const Segment& own = segs[r];
+  for (size_t p = 0; p < pieces.count(own); ++p) {
+    size_t at = pieces.begin(own, p);
+    sends.push_back(c.send(right, own.data + at, pieces.length(own, p), own.offset + at, step_base));
+  }
+  for (int s = 0; s < steps; ++s) {
+    const Segment& seg = segs[wrap(r - s - 1, n)];
+    for (size_t p = 0; p < pieces.count(seg); ++p) {
+      c.wait(recvs[s][p]);
+      size_t at = pieces.begin(seg, p);
+      if (s + 1 < steps)
+        sends.push_back(c.send(right, seg.data + at, pieces.length(seg, p), seg.offset + at, step_base + s + 1));
+    }
+  }
+  c.wait_all(sends);
+}
+
+}  // namespace mccl

@@ -1,0 +1,316 @@
+#include "communicator.h"
+
+#include "algorithms/algorithms.h"
+#include "bootstrap.h"
+#include "error.h"
+#include "log.h"
+#include "netif.h"
+#include "reduce.h"
+
+namespace mccl {
+
+Communicator::Communicator(Store& store, int rank, int size, std::chrono::milliseconds timeout,
+                           const std::string& route_to, const Config& config)
+    : config_(config), rank_(rank), size_(size), timeout_(timeout) {
+  MCCL_CHECK_ARG(size >= 1 && rank >= 0 && rank < size, "rank ", rank, " is not in a world of size ", size);
+  std::string host = choose_listen_host(config_.socket_ifname, route_to);
+  Mesh mesh = connect_mesh(store, rank, size, host, Clock::now() + timeout);
+  listen_address_ = mesh.listen_address;
+  for (int peer = 0; peer < size; ++peer) {
+    if (mesh.peers[peer].valid()) mesh.peers[peer].configure_for_data(config_.socket_buffer_bytes);
+  }
+  transport_ = std::make_unique<Transport>(rank, size, mesh.comm_id, std::move(mesh.peers),
+                                           std::move(mesh.peer_addresses), config_.max_message_bytes);
+  transport_->set_on_wakeup([this] { drain_commands(); });
+  thread_ = std::thread([this] { run(); });
+}
+
+Communicator::~Communicator() {
+  bool idle;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    idle = ops_.empty();
+  }
+  // Nobody can wait on work that is still queued at destruction: do not make them wait for peers.
+  if (idle) shutdown();
+  else abort();
+}
+
+// ---- argument checks (caller's thread) -----------------------------------------------------------
+
+void Communicator::check_usable() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (error_) std::rethrow_exception(error_);
+  if (stopping_) fail(Error::Kind::kAborted, "rank ", rank_, ": the communicator was shut down");
+}
+
+void Communicator::check_reduction(DataType dtype, ReduceOp op, const char* what) const {
+  MCCL_CHECK_ARG(op_supported(dtype, op), "rank ", rank_, ": ", what, " does not support reduce op ", op_name(op),
+                 " on ", dtype_name(dtype), " tensors");
+}
+
+void Communicator::check_rank(int rank, const char* role, const char* what) const {
+  MCCL_CHECK_ARG(rank >= 0 && rank < size_, "rank ", rank_, ": ", what, " got ", role, " rank ", rank,
+                 ", outside the group of size ", size_);
+}
+
+// ---- the public operations ----------------------------------------------------------------------
+
+WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, int root, uint64_t count,
+                              std::function<void(Collective&)> body, Callback done) {
+  auto work = std::make_shared<Work>(std::move(done));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_) std::rethrow_exception(error_);
+    if (stopping_) fail(Error::Kind::kAborted, "rank ", rank_, ": the communicator was shut down");
+    FrameHeader id;
+    id.channel = static_cast<uint8_t>(Channel::kCollective);
+    id.kind = static_cast<uint8_t>(kind);
+    id.seq = next_seq_++;
+    id.dtype = static_cast<uint8_t>(dtype);
+    id.reduce_op = static_cast<uint8_t>(op);
+    id.root = static_cast<uint16_t>(root);
+    id.count = count;
+    ops_.push_back(Op{id, std::move(body), work});
+  }
+  transport_->wake();
+  cv_.notify_all();
+  return work;
+}
+
+WorkPtr Communicator::allreduce(void* buf, size_t count, DataType dtype, ReduceOp op, Callback done) {
+  check_usable();
+  check_reduction(dtype, op, "allreduce");
+  return enqueue(CollectiveKind::kAllreduce, dtype, op, 0, count,
+                 [=](Collective& c) { mccl::allreduce(c, buf, count); }, std::move(done));
+}
+
+WorkPtr Communicator::broadcast(void* buf, size_t count, DataType dtype, int root, Callback done) {
+  check_usable();
+  dtype_size(dtype);
+  check_rank(root, "root", "broadcast");
+  return enqueue(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, root, count,
+                 [=](Collective& c) { mccl::broadcast(c, buf, count, root); }, std::move(done));
+}
+
+WorkPtr Communicator::reduce(void* buf, size_t count, DataType dtype, ReduceOp op, int root, Callback done) {
+  check_usable();
+  check_reduction(dtype, op, "reduce");
+  check_rank(root, "root", "reduce");
+  return enqueue(CollectiveKind::kReduce, dtype, op, root, count,
+                 [=](Collective& c) { mccl::reduce(c, buf, count, root); }, std::move(done));
+}
+
+WorkPtr Communicator::allgather(const void* in, size_t count, DataType dtype, std::vector<char*> outs,
+                                Callback done) {
+  check_usable();
+  dtype_size(dtype);
+  MCCL_CHECK_ARG(static_cast<int>(outs.size()) == size_, "rank ", rank_, ": allgather needs ", size_,
+                 " output buffers (one per rank), got ", outs.size());
+  return enqueue(CollectiveKind::kAllgather, dtype, ReduceOp::kSum, 0, count,
+                 [=](Collective& c) { mccl::allgather(c, in, count, outs); }, std::move(done));
+}
+
+WorkPtr Communicator::reduce_scatter(const void* in, size_t count, DataType dtype, ReduceOp op, void* out,
+                                     Callback done) {
+  check_usable();
+  check_reduction(dtype, op, "reduce_scatter");
+  return enqueue(CollectiveKind::kReduceScatter, dtype, op, 0, count,
+                 [=](Collective& c) { mccl::reduce_scatter(c, in, count, out); }, std::move(done));
+}
+
+WorkPtr Communicator::gather(const void* in, size_t count, DataType dtype, std::vector<char*> outs, int root,
+                             Callback done) {
+  check_usable();
+  check_rank(root, "root", "gather");
+  MCCL_CHECK_ARG(rank_ != root || static_cast<int>(outs.size()) == size_, "rank ", rank_, ": gather root needs ",
+                 size_, " output buffers, got ", outs.size());
+  const size_t bytes = count * dtype_size(dtype);
+  return enqueue(CollectiveKind::kGather, dtype, ReduceOp::kSum, root, count,
+                 [=](Collective& c) { mccl::gather(c, in, bytes, outs, root); }, std::move(done));
+}
+
+WorkPtr Communicator::scatter(std::vector<const char*> ins, void* out, size_t count, DataType dtype, int root,
+                              Callback done) {
+  check_usable();
+  check_rank(root, "root", "scatter");
+  MCCL_CHECK_ARG(rank_ != root || static_cast<int>(ins.size()) == size_, "rank ", rank_, ": scatter root needs ",
+                 size_, " input buffers, got ", ins.size());
+  const size_t bytes = count * dtype_size(dtype);
+  return enqueue(CollectiveKind::kScatter, dtype, ReduceOp::kSum, root, count,
+                 [=](Collective& c) { mccl::scatter(c, ins, out, bytes, root); }, std::move(done));
+}
+
+WorkPtr Communicator::alltoall(const void* in, std::vector<size_t> send_counts, void* out,
+                               std::vector<size_t> recv_counts, DataType dtype, Callback done) {
+  check_usable();
+  dtype_size(dtype);
+  MCCL_CHECK_ARG(static_cast<int>(send_counts.size()) == size_ && static_cast<int>(recv_counts.size()) == size_,
+                 "rank ", rank_, ": alltoall needs ", size_, " send and receive counts, got ", send_counts.size(),
+                 " and ", recv_counts.size());
+  MCCL_CHECK_ARG(send_counts[rank_] == recv_counts[rank_], "rank ", rank_, ": alltoall sends ",
+                 send_counts[rank_], " elements to itself but expects to receive ", recv_counts[rank_]);
+  uint64_t total = 0;
+  for (size_t c : send_counts) total += c;
+  return enqueue(CollectiveKind::kAlltoall, dtype, ReduceOp::kSum, 0, total,
+                 [=](Collective& c) { mccl::alltoall(c, in, send_counts, out, recv_counts); }, std::move(done));
+}
+
+WorkPtr Communicator::barrier(Callback done) {
+  check_usable();
+  return enqueue(CollectiveKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, 0,
+                 [](Collective& c) { mccl::barrier(c); }, std::move(done));
+}
+
+WorkPtr Communicator::send(const void* buf, size_t count, DataType dtype, int peer, uint64_t tag, Callback done) {
+  return post_p2p(true, const_cast<void*>(buf), count, dtype, peer, tag, std::move(done));
+}
+
+WorkPtr Communicator::recv(void* buf, size_t count, DataType dtype, int peer, uint64_t tag, Callback done) {
+  return post_p2p(false, buf, count, dtype, peer, tag, std::move(done));
+}
+
+WorkPtr Communicator::post_p2p(bool is_send, void* buf, size_t count, DataType dtype, int peer, uint64_t tag,
+                               Callback done) {
+  check_usable();
+  const char* what = is_send ? "send" : "recv";
+  MCCL_CHECK_ARG(peer != rank_, "rank ", rank_, ": ", what, " to/from itself is not supported");
+  if (!(peer == kAnySource && !is_send)) check_rank(peer, "peer", what);
+  FrameHeader h;
+  h.channel = static_cast<uint8_t>(Channel::kPointToPoint);
+  h.kind = static_cast<uint8_t>(CollectiveKind::kSend);
+  h.seq = tag;
+  h.dtype = static_cast<uint8_t>(dtype);
+  h.count = count;
+  const size_t bytes = count * dtype_size(dtype);
+  auto work = std::make_shared<Work>(std::move(done));
+  auto command = [this, is_send, buf, bytes, peer, h, work] {
+    auto on_done = [work](const Request& r, std::exception_ptr error) { work->finish(error, r.source); };
+    try {
+      if (is_send) transport_->post_send(peer, h, buf, bytes, on_done);
+      else transport_->post_recv(peer, h, buf, bytes, on_done);
+    } catch (...) {
+      if (!work->completed()) work->finish(std::current_exception());
+    }
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands_.push_back(std::move(command));
+  }
+  transport_->wake();
+  cv_.notify_all();
+  return work;
+}
+
+// ---- the progress thread ------------------------------------------------------------------------
+
+void Communicator::drain_commands() {
+  std::deque<std::function<void()>> batch;
+  bool aborting;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    batch.swap(commands_);
+    aborting = abort_requested_;
+  }
+  for (auto& command : batch) command();
+  if (aborting) fail(Error::Kind::kAborted, "rank ", rank_, ": the communicator was aborted");
+}
+
+void Communicator::run() {
+  while (true) {
+    Op op;
+    bool have_op = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (transport_->fatal_error()) {
+        cv_.wait(lock, [this] { return stopping_ || !ops_.empty() || !commands_.empty(); });
+      }
+      if (!ops_.empty()) {
+        op = std::move(ops_.front());
+        ops_.pop_front();
+        have_op = true;
+      } else if (stopping_) {
+        break;
+      }
+    }
+    if (have_op) {
+      run_op(op);
+      continue;
+    }
+    if (transport_->fatal_error()) {
+      drain_commands_after_failure();
+      continue;
+    }
+    try {
+      transport_->progress(-1);
+    } catch (...) {
+      transport_->fail(std::current_exception());
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!error_) error_ = transport_->fatal_error();
+    }
+  }
+  // Whatever is still posted (receives nobody sent) fails now rather than never.
+  transport_->fail(std::make_exception_ptr(
+      Error(Error::Kind::kAborted, "MCCL aborted: rank " + std::to_string(rank_) + "'s communicator was shut down")));
+}
+
+void Communicator::drain_commands_after_failure() {
+  try {
+    drain_commands();
+  } catch (...) {
+  }
+}
+
+void Communicator::run_op(Op& op) {
+  std::exception_ptr error = transport_->fatal_error();
+  if (!error) {
+    transport_->set_context(describe(op.identity));
+    log(LogLevel::kTrace, "rank ", rank_, " starts ", describe(op.identity));
+    try {
+      Collective c(*transport_, config_, scratch_, op.identity, Clock::now() + timeout_);
+      op.body(c);
+    } catch (...) {
+      error = std::current_exception();
+      transport_->fail(error);
+    }
+    transport_->set_context("idle");
+  }
+  if (error) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_) error_ = transport_->fatal_error();
+  }
+  op.work->finish(error);
+}
+
+void Communicator::abort() { stop(true); }
+
+void Communicator::shutdown() { stop(false); }
+
+void Communicator::stop(bool abort) {
+  std::lock_guard<std::mutex> stopping(stop_mu_);
+  if (!thread_.joinable()) return;
+  std::deque<Op> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    if (abort) {
+      abort_requested_ = true;
+      dropped.swap(ops_);
+    }
+  }
+  auto aborted = std::make_exception_ptr(
+      Error(Error::Kind::kAborted, "MCCL aborted: rank " + std::to_string(rank_) + "'s communicator was aborted"));
+  for (auto& op : dropped) op.work->finish(aborted);
+  transport_->wake();
+  cv_.notify_all();
+  thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (abort && !error_) error_ = aborted;
+}
+
+std::exception_ptr Communicator::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+}  // namespace mccl

@@ -1,0 +1,114 @@
+// A communicator: this rank's connections to the other ranks of one group, and the progress thread
+// that runs its operations.
+//
+// Collectives are queued and run one at a time in issue order on the progress thread (every rank
+// issues them in the same order, which is what matches them up: each gets the next sequence
+// number). Point-to-point sends and receives are posted to the transport as soon as the progress
+// thread sees them, so they can complete in any order relative to collectives, like Gloo's.
+// Every call returns a Work handle. Arguments are checked on the caller's thread, so bad input
+// raises at the call. The first failure is fatal: it is delivered to every pending operation and
+// rethrown by every later call (Gloo's rule), and the sockets are shut so the peers fail fast too.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collective.h"
+#include "config.h"
+#include "dtype.h"
+#include "store.h"
+#include "transport.h"
+#include "work.h"
+
+namespace mccl {
+
+class Communicator {
+ public:
+  // Rendezvous through `store` and connect to every peer; `route_to` (MASTER_ADDR) picks the interface
+  // when MCCL_SOCKET_IFNAME is unset. Throws on failure, naming the rank that did not show up.
+  Communicator(Store& store, int rank, int size, std::chrono::milliseconds timeout, const std::string& route_to,
+               const Config& config = Config::global());
+  ~Communicator();  // shutdown()
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+  const std::string& listen_address() const { return listen_address_; }
+
+  // Buffers must stay valid until the Work completes. Counts are elements of dtype.
+  WorkPtr allreduce(void* buf, size_t count, DataType dtype, ReduceOp op, Callback done = nullptr);
+  WorkPtr broadcast(void* buf, size_t count, DataType dtype, int root, Callback done = nullptr);
+  WorkPtr reduce(void* buf, size_t count, DataType dtype, ReduceOp op, int root, Callback done = nullptr);
+  WorkPtr allgather(const void* in, size_t count, DataType dtype, std::vector<char*> outs, Callback done = nullptr);
+  WorkPtr reduce_scatter(const void* in, size_t count, DataType dtype, ReduceOp op, void* out,
+                         Callback done = nullptr);
+  WorkPtr gather(const void* in, size_t count, DataType dtype, std::vector<char*> outs, int root,
+                 Callback done = nullptr);
+  WorkPtr scatter(std::vector<const char*> ins, void* out, size_t count, DataType dtype, int root,
+                  Callback done = nullptr);
+  WorkPtr alltoall(const void* in, std::vector<size_t> send_counts, void* out, std::vector<size_t> recv_counts,
+                   DataType dtype, Callback done = nullptr);
+  WorkPtr barrier(Callback done = nullptr);
+  WorkPtr send(const void* buf, size_t count, DataType dtype, int peer, uint64_t tag, Callback done = nullptr);
+  // peer may be kAnySource; Work::source() then tells who sent it.
+  WorkPtr recv(void* buf, size_t count, DataType dtype, int peer, uint64_t tag, Callback done = nullptr);
+
+  // Fails everything pending with kAborted, shuts the sockets, stops the thread. Idempotent.
+  void abort();
+  // Lets queued work finish (up to the timeout), then stops the thread and closes the sockets.
+  void shutdown();
+  // The fatal error, if any (nullptr while healthy).
+  std::exception_ptr error() const;
+  uint64_t collectives_issued() const { return next_seq_; }
+
+ private:
+  struct Op {
+    FrameHeader identity;
+    std::function<void(Collective&)> body;
+    WorkPtr work;
+  };
+
+  WorkPtr enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, int root, uint64_t count,
+                  std::function<void(Collective&)> body, Callback done);
+  WorkPtr post_p2p(bool is_send, void* buf, size_t count, DataType dtype, int peer, uint64_t tag, Callback done);
+  void check_usable() const;
+  void check_reduction(DataType dtype, ReduceOp op, const char* what) const;
+  void check_rank(int rank, const char* role, const char* what) const;
+  void run();
+  void run_op(Op& op);
+  void stop(bool abort);
+  void drain_commands();
+  void drain_commands_after_failure();
+
+  const Config config_;
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+  std::string listen_address_;
+  std::unique_ptr<Transport> transport_;
+  std::vector<char> scratch_[2];
+
+  std::mutex stop_mu_;  // serialises abort() / shutdown() joining the thread
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Op> ops_;                               // collectives, in issue order
+  std::deque<std::function<void()>> commands_;       // p2p posts, run from the progress loop
+  bool stopping_ = false;
+  bool abort_requested_ = false;
+  std::exception_ptr error_;                         // mirror of the transport's fatal error, for callers
+  uint64_t next_seq_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace mccl

@@ -1,0 +1,65 @@
+#include "config.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "error.h"
+
+namespace mccl {
+namespace {
+
+const char* env(const char* name) {
+  const char* value = std::getenv(name);
+  return (value != nullptr && value[0] != '\0') ? value : nullptr;
+}
+
+uint64_t env_bytes(const char* name, uint64_t fallback, uint64_t min_value) {
+  const char* value = env(name);
+  if (value == nullptr) return fallback;
+  char* end = nullptr;
+  unsigned long long parsed = std::strtoull(value, &end, 10);
+  std::string suffix = end ? end : "";
+  uint64_t scale = 1;
+  if (suffix == "K" || suffix == "k" || suffix == "KiB") scale = 1024;
+  else if (suffix == "M" || suffix == "m" || suffix == "MiB") scale = 1024 * 1024;
+  else if (suffix == "G" || suffix == "g" || suffix == "GiB") scale = 1024ull * 1024 * 1024;
+  else if (!suffix.empty() || end == value)
+    fail(Error::Kind::kInvalidArgument, name, "='", value, "' is not a byte count (examples: 65536, 64K, 4M)");
+  uint64_t bytes = parsed * scale;
+  if (bytes < min_value) fail(Error::Kind::kInvalidArgument, name, "='", value, "' is below the minimum of ", min_value);
+  return bytes;
+}
+
+}  // namespace
+
+Config Config::from_env() {
+  Config c;
+  if (const char* v = env("MCCL_SOCKET_IFNAME")) c.socket_ifname = v;
+  if (const char* v = env("MCCL_ALGO")) {
+    std::string algo = v;
+    if (algo == "auto") c.algo = AlgoChoice::kAuto;
+    else if (algo == "ring") c.algo = AlgoChoice::kRing;
+    else if (algo == "rd" || algo == "recursive_doubling") c.algo = AlgoChoice::kRecursiveDoubling;
+    else fail(Error::Kind::kInvalidArgument, "MCCL_ALGO='", algo, "' is not one of auto, ring, rd");
+  }
+  c.rd_max_bytes = env_bytes("MCCL_RD_MAX_BYTES", c.rd_max_bytes, 0);
+  c.chunk_bytes = env_bytes("MCCL_CHUNK_BYTES", c.chunk_bytes, 8);
+  c.socket_buffer_bytes = env_bytes("MCCL_SOCKET_BUFFER_BYTES", c.socket_buffer_bytes, 0);
+  c.max_message_bytes = env_bytes("MCCL_MAX_MESSAGE_BYTES", c.max_message_bytes, 1024);
+  if (const char* v = env("MCCL_DEBUG")) {
+    std::string level = v;
+    if (level == "ERROR" || level == "0") c.debug_level = 0;
+    else if (level == "WARN" || level == "1") c.debug_level = 1;
+    else if (level == "INFO" || level == "2") c.debug_level = 2;
+    else if (level == "TRACE" || level == "3") c.debug_level = 3;
+    else fail(Error::Kind::kInvalidArgument, "MCCL_DEBUG='", level, "' is not one of ERROR, WARN, INFO, TRACE (or 0-3)");
+  }
+  return c;
+}
+
+const Config& Config::global() {
+  static const Config config = from_env();
+  return config;
+}
+
+}  // namespace mccl

@@ -1,0 +1,34 @@
+// Every MCCL_* tunable, declared once with its default. Read from the environment in config.cc only;
+// the README's table documents the same names and defaults.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace mccl {
+
+enum class AlgoChoice { kAuto, kRing, kRecursiveDoubling };
+
+struct Config {
+  // MCCL_SOCKET_IFNAME: network interface whose IPv4/IPv6 address this rank listens on (like GLOO_SOCKET_IFNAME).
+  // Empty: the interface that routes to MASTER_ADDR, else loopback.
+  std::string socket_ifname;
+  // MCCL_ALGO: auto | ring | rd (recursive doubling). Forces the allreduce algorithm.
+  AlgoChoice algo = AlgoChoice::kAuto;
+  // MCCL_RD_MAX_BYTES: in auto mode, allreduces up to this size use recursive doubling, larger ones the ring.
+  size_t rd_max_bytes = 64 * 1024;
+  // MCCL_CHUNK_BYTES: pipelining granularity of the ring (each ring step moves its segment in such pieces).
+  size_t chunk_bytes = 512 * 1024;
+  // MCCL_SOCKET_BUFFER_BYTES: SO_SNDBUF / SO_RCVBUF for data connections; 0 keeps the OS default (autotuning).
+  size_t socket_buffer_bytes = 0;
+  // MCCL_MAX_MESSAGE_BYTES: largest frame payload accepted from a peer before any allocation.
+  uint64_t max_message_bytes = uint64_t(1) << 36;
+  // MCCL_DEBUG: 0 = errors only, 1 = warnings (default), 2 = info (connections), 3 = trace (every collective).
+  int debug_level = 1;
+
+  static Config from_env();
+  static const Config& global();  // from_env() evaluated once per process
+};
+
+}  // namespace mccl

@@ -1,0 +1,49 @@
+#include "listener.h"
+
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "error.h"
+
+namespace mccl {
+
+Listener::Listener(const std::string& host, int backlog) {
+  std::string bracketed = host.find(':') != std::string::npos ? "[" + host + "]" : host;
+  sockaddr_storage addr = parse_address(bracketed + ":1");
+  if (addr.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&addr)->sin_port = 0;
+  else reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = 0;
+
+  sock_ = Socket(::socket(addr.ss_family, SOCK_STREAM, 0));
+  if (!sock_.valid()) fail(Error::Kind::kConnection, "socket() failed: ", std::strerror(errno));
+  int one = 1;
+  setsockopt(sock_.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  socklen_t len = addr.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  if (::bind(sock_.fd(), reinterpret_cast<sockaddr*>(&addr), len) != 0)
+    fail(Error::Kind::kConnection, "cannot listen on ", host, ": bind failed: ", std::strerror(errno),
+         " (is this address assigned to a local interface? see MCCL_SOCKET_IFNAME)");
+  if (::listen(sock_.fd(), backlog) != 0)
+    fail(Error::Kind::kConnection, "listen on ", host, " failed: ", std::strerror(errno));
+  sock_.set_nonblocking();
+  address_ = format_address(sock_.local_address());
+}
+
+Socket Listener::accept(Deadline deadline, const std::string& waiting_for) {
+  while (true) {
+    int fd = ::accept(sock_.fd(), nullptr, nullptr);
+    if (fd >= 0) return Socket(fd);
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK)
+      fail(Error::Kind::kConnection, "accept on ", address_, " failed: ", std::strerror(errno));
+    pollfd pfd{sock_.fd(), POLLIN, 0};
+    int ready = ::poll(&pfd, 1, ms_until(deadline));
+    if (ready == 0 && Clock::now() >= deadline)
+      fail(Error::Kind::kTimeout, "timed out on ", address_, " waiting for ", waiting_for,
+           " to connect: is that process running, and can it reach this address?");
+  }
+}
+
+}  // namespace mccl

@@ -1,0 +1,33 @@
+// Element-wise reduction kernels used by the collectives (allreduce, reduce, reduce_scatter).
+//
+// float16/bfloat16 are computed in float32 and rounded back to nearest-even; integers wrap like two's
+// complement; MIN/MAX of floats propagate NaN (torch semantics); bool is bytes 0/1 and the output is
+// always exactly 0 or 1. Buffers of 4 MiB or more are split over a small persistent thread pool.
+// Buffers must either be the same pointer or not overlap at all; a partial overlap throws.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dtype.h"
+
+namespace mccl {
+
+// dst[i] = dst[i] OP src[i] for i in [0, count). kAvg reduces like kSum (the caller divides at the end).
+// Throws Error kInvalidArgument (message naming op and dtype) when the pair is unsupported.
+void reduce_into(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op);
+
+// out[i] = a[i] OP b[i]; out may alias a or b. Same rules as reduce_into.
+void reduce3(void* out, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op);
+
+// buf[i] /= divisor (for kAvg): floating types divide in float (half types through float32, round to
+// nearest even), integer types use truncating integer division (like NCCL); bool is unsupported for avg.
+// divisor must be positive.
+void divide_by(void* buf, size_t count, DataType dtype, int64_t divisor);
+
+// Whether op is defined for dtype: SUM/AVG/PRODUCT/MIN/MAX for all numeric types; for bool SUM=OR,
+// PRODUCT=AND, MIN=AND, MAX=OR, BAND/BOR/BXOR as logical; AVG unsupported for bool; BAND/BOR/BXOR only
+// for integer types and bool.
+bool op_supported(DataType dtype, ReduceOp op);
+
+}  // namespace mccl

@@ -1,0 +1,73 @@
+// A TCP socket: RAII ownership of the fd, the options MCCL needs, and deadline-bounded helpers for the
+// connection handshake. The data path (transport.cc) uses the non-blocking send_some / recv_some.
+// Portable POSIX: Linux-only and Darwin-only options are behind #ifdef.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+namespace mccl {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+// Milliseconds left until the deadline, clamped to [0, cap_ms]; for poll().
+int ms_until(Deadline deadline, int cap_ms = 1 << 30);
+
+// "10.0.0.2:41234" / "[fe80::1]:41234"
+std::string format_address(const sockaddr_storage& addr);
+// Parses "host:port" or "[v6]:port" (numeric hosts only). Throws kInvalidArgument.
+sockaddr_storage parse_address(const std::string& text);
+
+class Socket {
+ public:
+  Socket() = default;
+  explicit Socket(int fd) : fd_(fd) {}
+  ~Socket() { close(); }
+  Socket(Socket&& other) noexcept : fd_(other.release()) {}
+  Socket& operator=(Socket&& other) noexcept;
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+
+  int fd() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void close();
+  // shutdown(SHUT_RDWR): wakes a peer blocked on this connection without giving up the fd yet.
+  void shutdown();
+
+  // Non-blocking, close-on-exec, no SIGPIPE, TCP_NODELAY, optional buffer sizes.
+  void configure_for_data(size_t buffer_bytes);
+  void set_nonblocking();
+
+  // Connects to `addr` before `deadline`, retrying refused/unreachable attempts (the peer's listener
+  // may not be up yet). Throws kTimeout naming `what` (e.g. "rank 3 at 10.0.0.4:5000").
+  static Socket connect_to(const sockaddr_storage& addr, Deadline deadline, const std::string& what);
+
+  // Whole-buffer I/O on a non-blocking socket, waiting with poll() until the deadline. Throw
+  // kTimeout / kConnection with `what` in the message. Used only during the handshake.
+  void write_all(const void* data, size_t size, Deadline deadline, const std::string& what);
+  void read_all(void* data, size_t size, Deadline deadline, const std::string& what);
+
+  // One non-blocking attempt. Returns bytes moved (>0), 0 when the call would block.
+  // recv_some throws kConnection when the peer closed; both throw kConnection on socket errors.
+  size_t send_some(const struct iovec* iov, int iovcnt);
+  size_t recv_some(void* data, size_t size);
+
+  sockaddr_storage local_address() const;
+  sockaddr_storage peer_address() const;
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace mccl

@@ -1,0 +1,421 @@
+#include "transport.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "error.h"
+#include "log.h"
+
+namespace mccl {
+
+struct Transport::Pair {
+  Socket sock;
+  int rank = 0;
+  std::deque<RequestPtr> sendq;
+  // Receive state machine: header bytes, then payload into `target` or into `stash`.
+  FrameHeader header;
+  size_t header_got = 0;
+  bool in_payload = false;
+  size_t payload_got = 0;
+  RequestPtr target;      // the posted receive this payload lands in, or null
+  Unexpected stash;       // payload of a frame nobody has asked for yet
+  bool closed = false;    // the peer closed its end cleanly, between frames
+};
+
+namespace {
+constexpr int kMaxIov = 16;
+
+void make_pipe(int* read_end, int* write_end) {
+  int fds[2];
+  if (::pipe(fds) != 0) fail(Error::Kind::kInternal, "pipe() failed: ", std::strerror(errno));
+  for (int fd : fds) {
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK);
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  *read_end = fds[0];
+  *write_end = fds[1];
+}
+}  // namespace
+
+Transport::Transport(int rank, int size, uint64_t comm_id, std::vector<Socket> peers,
+                     std::vector<std::string> addresses, uint64_t max_message_bytes)
+    : rank_(rank), size_(size), comm_id_(comm_id), max_message_bytes_(max_message_bytes),
+      addresses_(std::move(addresses)) {
+  make_pipe(&wake_read_, &wake_write_);
+  pairs_.resize(size);
+  for (int r = 0; r < size; ++r) {
+    if (r == rank || !peers[r].valid()) continue;
+    auto pair = std::make_unique<Pair>();
+    pair->sock = std::move(peers[r]);
+    pair->rank = r;
+    pairs_[r] = std::move(pair);
+  }
+}
+
+Transport::~Transport() {
+  ::close(wake_read_);
+  ::close(wake_write_);
+}
+
+std::string Transport::peer_name(int rank) const {
+  if (rank < 0 || rank >= size_) return "rank " + std::to_string(rank);
+  return "rank " + std::to_string(rank) + " (" + addresses_[rank] + ")";
+}
+
+void Transport::throw_if_failed() const {
+  if (fatal_) std::rethrow_exception(fatal_);
+}
+
+void Transport::wake() {
+  char byte = 1;
+  ssize_t ignored = ::write(wake_write_, &byte, 1);  // a full pipe already means "wake up"
+  (void)ignored;
+}
+
+RequestPtr Transport::post_send(int peer, const FrameHeader& header, const void* data, size_t length,
+                                std::function<void(const Request&, std::exception_ptr)> on_done) {
+  throw_if_failed();
+  MCCL_CHECK_ARG(peer >= 0 && peer < size_ && peer != rank_, "rank ", rank_, " cannot send to rank ", peer,
+                 " (world size ", size_, ")");
+  auto request = std::make_shared<Request>();
+  request->type = Request::Type::kSend;
+  request->peer = peer;
+  request->header = header;
+  request->header.comm_id = comm_id_;
+  request->header.src_rank = static_cast<uint32_t>(rank_);
+  request->header.length = length;
+  request->data = static_cast<char*>(const_cast<void*>(data));
+  request->length = length;
+  request->on_done = std::move(on_done);
+  Pair& pair = *pairs_[peer];
+  if (pair.closed) fail_pair(pair, Error(Error::Kind::kConnection, "the peer closed the connection"));
+  pair.sendq.push_back(request);
+  if (pair.sendq.size() == 1) {  // nothing queued ahead of it: try to put it on the wire right away
+    try {
+      write_ready(pair);
+    } catch (const Error& e) {
+      fail_pair(pair, e);
+    }
+  }
+  return request;
+}
+
+RequestPtr Transport::post_recv(int peer, const FrameHeader& expected, void* data, size_t length,
+                                std::function<void(const Request&, std::exception_ptr)> on_done) {
+  throw_if_failed();
+  MCCL_CHECK_ARG(peer == kAnySource || (peer >= 0 && peer < size_ && peer != rank_), "rank ", rank_,
+                 " cannot receive from rank ", peer, " (world size ", size_, ")");
+  auto request = std::make_shared<Request>();
+  request->type = Request::Type::kRecv;
+  request->peer = peer;
+  request->header = expected;
+  request->header.length = length;
+  request->data = static_cast<char*>(data);
+  request->length = length;
+  request->on_done = std::move(on_done);
+  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+    if (!matches(*request, it->source, it->header)) continue;
+    validate_match(*request, it->header, it->source);
+    if (length > 0) std::memcpy(request->data, it->data.data(), length);
+    request->source = it->source;
+    unexpected_.erase(it);
+    complete(request);
+    return request;
+  }
+  if (peer != kAnySource && pairs_[peer]->closed)
+    fail_pair(*pairs_[peer], Error(Error::Kind::kConnection, "the peer closed the connection"));
+  posted_recvs_.push_back(request);
+  return request;
+}
+
+bool Transport::matches(const Request& r, int source, const FrameHeader& h) const {
+  return (r.peer == kAnySource || r.peer == source) && r.header.channel == h.channel && r.header.seq == h.seq;
+}
+
+void Transport::validate_match(const Request& r, const FrameHeader& h, int source) {
+  std::string problem;
+  if (h.channel == static_cast<uint8_t>(Channel::kCollective)) {
+    FrameHeader expected = r.header;
+    expected.src_rank = static_cast<uint32_t>(source);
+    problem = compare_headers(expected, h, rank_);
+  } else if (h.length != r.length || h.dtype != r.header.dtype) {
+    problem = peer_name(source) + " sent " + describe(h) + " (" + std::to_string(h.length) + " bytes), but rank " +
+              std::to_string(rank_) + " posted a receive for " + describe(r.header) + " (" +
+              std::to_string(r.length) + " bytes)";
+  }
+  if (!problem.empty()) {
+    Error error(Error::Kind::kMismatch, "MCCL collective mismatch: " + problem);
+    fail(std::make_exception_ptr(error));
+    throw error;
+  }
+}
+
+void Transport::complete(const RequestPtr& request) {
+  request->done = true;
+  if (request->on_done) {
+    auto callback = std::move(request->on_done);
+    request->on_done = nullptr;
+    callback(*request, nullptr);
+  }
+}
+
+void Transport::wait(const RequestPtr& request, Deadline deadline) {
+  while (!request->done) {
+    throw_if_failed();
+    if (Clock::now() >= deadline) timeout({request});
+    progress(ms_until(deadline, 1000));
+  }
+}
+
+void Transport::wait_all(const std::vector<RequestPtr>& requests, Deadline deadline) {
+  for (const auto& request : requests) {
+    while (!request->done) {
+      throw_if_failed();
+      if (Clock::now() >= deadline) timeout(requests);
+      progress(ms_until(deadline, 1000));
+    }
+  }
+}
+
+void Transport::timeout(const std::vector<RequestPtr>& pending) {
+  std::string what;
+  int listed = 0;
+  for (const auto& r : pending) {
+    if (r->done || listed == 3) continue;
+    what += listed++ ? "; " : "";
+    if (r->type == Request::Type::kSend) what += "sending to " + peer_name(r->peer);
+    else what += "a message from " + (r->peer == kAnySource ? std::string("any rank") : peer_name(r->peer));
+  }
+  Error error(Error::Kind::kTimeout, "MCCL timeout: rank " + std::to_string(rank_) + " timed out in " + context_ +
+                                         " waiting for " + what +
+                                         ". That peer is stopped, hung, or not calling the same collective.");
+  fail(std::make_exception_ptr(error));
+  throw error;
+}
+
+void Transport::progress(int timeout_ms) {
+  throw_if_failed();
+  std::vector<pollfd> fds;
+  std::vector<Pair*> owners;
+  fds.reserve(size_ + 1);
+  owners.reserve(size_ + 1);
+  fds.push_back({wake_read_, POLLIN, 0});
+  owners.push_back(nullptr);
+  for (auto& pair : pairs_) {
+    if (!pair || pair->closed) continue;
+    short events = POLLIN;
+    if (!pair->sendq.empty()) events |= POLLOUT;
+    fds.push_back({pair->sock.fd(), events, 0});
+    owners.push_back(pair.get());
+  }
+  int ready = ::poll(fds.data(), fds.size(), timeout_ms);
+  if (ready < 0) {
+    if (errno == EINTR) return;
+    mccl::fail(Error::Kind::kInternal, "poll failed: ", std::strerror(errno));
+  }
+  if (ready == 0) return;
+  for (size_t i = 1; i < fds.size(); ++i) {
+    Pair& pair = *owners[i];
+    try {
+      if (fds[i].revents & POLLOUT) write_ready(pair);
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_ready(pair);
+    } catch (const Error& e) {
+      fail_pair(pair, e);
+    }
+  }
+  if (fds[0].revents & POLLIN) {
+    char buf[64];
+    while (::read(wake_read_, buf, sizeof(buf)) > 0) {
+    }
+    if (on_wakeup_) on_wakeup_();
+  }
+}
+
+// Writes as much of the send queue as the socket takes: header and payload of up to kMaxIov/2
+// queued frames go out in one sendmsg().
+void Transport::write_ready(Pair& pair) {
+  while (!pair.sendq.empty()) {
+    iovec iov[kMaxIov];
+    int count = 0;
+    for (auto it = pair.sendq.begin(); it != pair.sendq.end() && count + 2 <= kMaxIov; ++it) {
+      Request& r = **it;
+      size_t offset = r.progress;
+      if (offset < sizeof(FrameHeader)) {
+        iov[count++] = {reinterpret_cast<char*>(&r.header) + offset, sizeof(FrameHeader) - offset};
+        offset = sizeof(FrameHeader);
+      }
+      size_t payload_done = offset - sizeof(FrameHeader);
+      if (payload_done < r.length) iov[count++] = {r.data + payload_done, r.length - payload_done};
+    }
+    size_t written = pair.sock.send_some(iov, count);
+    if (written == 0) return;
+    while (written > 0) {
+      Request& r = *pair.sendq.front();
+      size_t left = sizeof(FrameHeader) + r.length - r.progress;
+      size_t take = std::min(left, written);
+      r.progress += take;
+      written -= take;
+      if (r.progress == sizeof(FrameHeader) + r.length) {
+        RequestPtr finished = pair.sendq.front();
+        pair.sendq.pop_front();
+        complete(finished);
+      }
+    }
+  }
+}
+
+void Transport::read_ready(Pair& pair) {
+  while (true) {
+    if (!pair.in_payload) {
+      size_t n;
+      try {
+        n = pair.sock.recv_some(reinterpret_cast<char*>(&pair.header) + pair.header_got,
+                                sizeof(FrameHeader) - pair.header_got);
+      } catch (const Error& e) {
+        if (pair.header_got != 0 || e.kind() != Error::Kind::kConnection) throw;
+        on_peer_closed(pair, e);
+        return;
+      }
+      if (n == 0) return;
+      pair.header_got += n;
+      if (pair.header_got < sizeof(FrameHeader)) continue;
+      on_header(pair);
+      if (pair.in_payload) continue;
+      if (fatal_) return;
+      continue;
+    }
+    char* dest = pair.target ? pair.target->data : pair.stash.data.data();
+    size_t want = pair.header.length - pair.payload_got;
+    size_t n = pair.sock.recv_some(dest + pair.payload_got, want);
+    if (n == 0) return;
+    pair.payload_got += n;
+    if (pair.payload_got == pair.header.length) {
+      pair.in_payload = false;
+      if (pair.target) {
+        RequestPtr done = std::move(pair.target);
+        pair.target = nullptr;
+        finish_recv(done);
+      } else {
+        finish_unexpected(pair);
+      }
+    }
+  }
+}
+
+// A whole header is in: check it before anything else, then find where its payload goes.
+void Transport::on_header(Pair& pair) {
+  const FrameHeader& h = pair.header;
+  pair.header_got = 0;
+  std::string bad = check_preamble(h.magic, h.version);
+  if (bad.empty() && h.comm_id != comm_id_) bad = "frame for another communicator";
+  if (bad.empty() && static_cast<int>(h.src_rank) != pair.rank)
+    bad = "frame claims to come from rank " + std::to_string(h.src_rank);
+  if (bad.empty() && h.length > max_message_bytes_)
+    bad = "frame of " + std::to_string(h.length) + " bytes exceeds MCCL_MAX_MESSAGE_BYTES=" +
+          std::to_string(max_message_bytes_);
+  if (!bad.empty()) mccl::fail(Error::Kind::kProtocol, "from ", peer_name(pair.rank), ": ", bad);
+
+  pair.target = nullptr;
+  for (auto it = posted_recvs_.begin(); it != posted_recvs_.end(); ++it) {
+    if (!matches(**it, pair.rank, h)) continue;
+    validate_match(**it, h, pair.rank);
+    pair.target = *it;
+    pair.target->source = pair.rank;
+    posted_recvs_.erase(it);
+    break;
+  }
+  pair.payload_got = 0;
+  if (!pair.target) {
+    pair.stash.source = pair.rank;
+    pair.stash.header = h;
+    pair.stash.data.resize(h.length);
+  }
+  if (h.length > 0) {
+    pair.in_payload = true;
+    return;
+  }
+  if (pair.target) {
+    RequestPtr done = std::move(pair.target);
+    pair.target = nullptr;
+    finish_recv(done);
+  } else {
+    finish_unexpected(pair);
+  }
+}
+
+void Transport::finish_recv(const RequestPtr& request) { complete(request); }
+
+// The peer closed its end between two frames: normal when it is done with this communicator (it shut
+// down or exited after its last collective). An error only if we still need it: a receive posted from
+// it, or frames still queued for it; later posts involving it fail in post_send / post_recv.
+void Transport::on_peer_closed(Pair& pair, const Error& cause) {
+  pair.closed = true;
+  bool needed = !pair.sendq.empty();
+  for (const auto& r : posted_recvs_) needed = needed || r->peer == pair.rank;
+  if (needed) fail_pair(pair, cause);
+  log(LogLevel::kInfo, "rank ", rank_, ": ", peer_name(pair.rank), " closed its connection");
+}
+
+// A frame nobody had asked for is complete. A receive may have been posted while its payload was
+// still arriving; give it to that one, else keep it.
+void Transport::finish_unexpected(Pair& pair) {
+  Unexpected& u = pair.stash;
+  for (auto it = posted_recvs_.begin(); it != posted_recvs_.end(); ++it) {
+    if (!matches(**it, u.source, u.header)) continue;
+    RequestPtr request = *it;
+    validate_match(*request, u.header, u.source);
+    posted_recvs_.erase(it);
+    if (request->length > 0) std::memcpy(request->data, u.data.data(), request->length);
+    request->source = u.source;
+    complete(request);
+    return;
+  }
+  unexpected_.push_back(std::move(u));
+  pair.stash = Unexpected{};
+}
+
+void Transport::fail_pair(const Pair& pair, const Error& cause) {
+  if (fatal_) std::rethrow_exception(fatal_);
+  Error::Kind kind = cause.kind();
+  std::string message = cause.what();
+  if (kind == Error::Kind::kConnection) {
+    message = "MCCL connection error: rank " + std::to_string(rank_) + " lost its connection to " +
+              peer_name(pair.rank) + " during " + context_ + " (" + cause.what() +
+              "). That process probably exited or crashed: look at its log for the first error.";
+  }
+  Error error(kind, message);
+  fail(std::make_exception_ptr(error));
+  throw error;
+}
+
+void Transport::fail(std::exception_ptr error) {
+  if (fatal_) return;
+  fatal_ = error;
+  for (auto& pair : pairs_) {
+    if (pair) pair->sock.shutdown();
+  }
+  std::vector<RequestPtr> pending(posted_recvs_.begin(), posted_recvs_.end());
+  for (auto& pair : pairs_) {
+    if (!pair) continue;
+    pending.insert(pending.end(), pair->sendq.begin(), pair->sendq.end());
+    if (pair->target) pending.push_back(pair->target);
+    pair->sendq.clear();
+    pair->target = nullptr;
+  }
+  posted_recvs_.clear();
+  unexpected_.clear();
+  for (auto& request : pending) {
+    if (request->on_done) {
+      auto callback = std::move(request->on_done);
+      request->on_done = nullptr;
+      callback(*request, error);
+    }
+  }
+}
+
+}  // namespace mccl

@@ -1,0 +1,118 @@
+// The transport: one connected socket ("pair") per peer, driven by poll() from a single thread.
+//
+// Algorithms post sends and receives and wait for them; this class moves the bytes and matches each
+// incoming frame to the receive posted for it, keyed by (source, channel, seq) in posting order (FIFO
+// per peer, like MPI). A frame that arrives before its receive is posted is kept as "unexpected" and
+// copied out when the receive is posted. The expected header of each receive is compared with the
+// received one before any payload is read, so a mismatched collective becomes an error naming both.
+//
+// Threading: every method except wake() runs on the communicator's progress thread. The first error
+// (peer closed, timeout, protocol) is fatal: it is kept, every pending request fails with it, all
+// sockets are shut down so the peers notice at once, and every later call rethrows it.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "error.h"
+#include "socket.h"
+#include "wire.h"
+
+namespace mccl {
+
+constexpr int kAnySource = -1;
+
+struct Request {
+  enum class Type { kSend, kRecv } type = Type::kSend;
+  int peer = 0;            // kAnySource for a receive from whoever sends first
+  FrameHeader header;      // what to send, or what the receive expects
+  char* data = nullptr;
+  size_t length = 0;
+  size_t progress = 0;     // send: bytes of header+payload written
+  bool done = false;
+  int source = -1;         // receive: the rank it matched
+  // Called once on the progress thread when the request completes (nullptr) or fails.
+  std::function<void(const Request&, std::exception_ptr)> on_done;
+};
+using RequestPtr = std::shared_ptr<Request>;
+
+class Transport {
+ public:
+  Transport(int rank, int size, uint64_t comm_id, std::vector<Socket> peers, std::vector<std::string> addresses,
+            uint64_t max_message_bytes);
+  ~Transport();
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  uint64_t comm_id() const { return comm_id_; }
+  const std::string& address_of(int rank) const { return addresses_[rank]; }
+  std::string peer_name(int rank) const;  // "rank 3 (10.0.0.4:5123)"
+
+  RequestPtr post_send(int peer, const FrameHeader& header, const void* data, size_t length,
+                       std::function<void(const Request&, std::exception_ptr)> on_done = nullptr);
+  RequestPtr post_recv(int peer, const FrameHeader& expected, void* data, size_t length,
+                       std::function<void(const Request&, std::exception_ptr)> on_done = nullptr);
+
+  // Progresses until the request(s) complete. Throws the fatal error, or kTimeout at the deadline.
+  void wait(const RequestPtr& request, Deadline deadline);
+  void wait_all(const std::vector<RequestPtr>& requests, Deadline deadline);
+
+  // One round of I/O: blocks in poll() up to timeout_ms (-1: until something happens or wake()).
+  void progress(int timeout_ms);
+
+  // Thread-safe: interrupts a progress() blocked in poll(); then on_wakeup runs on the progress thread.
+  void wake();
+  void set_on_wakeup(std::function<void()> fn) { on_wakeup_ = std::move(fn); }
+
+  // What is running now ("allreduce #12 of 1024 float32 (sum)"), for error messages.
+  void set_context(std::string context) { context_ = std::move(context); }
+
+  // Makes `error` the fatal error (the first one wins), fails everything pending, shuts the sockets.
+  void fail(std::exception_ptr error);
+  std::exception_ptr fatal_error() const { return fatal_; }
+  void throw_if_failed() const;
+
+ private:
+  struct Pair;
+  struct Unexpected {
+    int source;
+    FrameHeader header;
+    std::vector<char> data;
+  };
+
+  void read_ready(Pair& pair);
+  void write_ready(Pair& pair);
+  void on_header(Pair& pair);
+  void finish_recv(const RequestPtr& request);
+  void on_peer_closed(Pair& pair, const Error& cause);
+  void finish_unexpected(Pair& pair);
+  void complete(const RequestPtr& request);
+  bool matches(const Request& r, int source, const FrameHeader& h) const;
+  void validate_match(const Request& r, const FrameHeader& h, int source);
+  [[noreturn]] void fail_pair(const Pair& pair, const Error& cause);
+  [[noreturn]] void timeout(const std::vector<RequestPtr>& pending);
+
+  int rank_;
+  int size_;
+  uint64_t comm_id_;
+  uint64_t max_message_bytes_;
+  std::vector<std::string> addresses_;
+  std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by rank; nullptr for self
+  std::list<RequestPtr> posted_recvs_;        // in posting order
+  std::list<Unexpected> unexpected_;          // complete frames nobody asked for yet, in arrival order
+  int wake_read_ = -1;
+  int wake_write_ = -1;
+  std::function<void()> on_wakeup_;
+  std::string context_ = "idle";
+  std::exception_ptr fatal_;
+};
+
+}  // namespace mccl

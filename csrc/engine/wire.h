@@ -1,0 +1,81 @@
+// The wire format: every byte MCCL puts on a socket is either a Hello (once per connection, both ways)
+// or a Frame: a fixed 64-byte header followed by `length` payload bytes.
+//
+// The header carries enough to detect a mismatched collective before any payload is read: the
+// communicator id, the collective's sequence number and kind, dtype, reduce op, root, element count,
+// and where this chunk belongs (step, byte offset, length). A receiver knows what it expects next
+// from each peer; any difference becomes an error that names both sides instead of corrupt data.
+// Integers are in host byte order; the magic doubles as an endianness check (every Mac is little-endian).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "dtype.h"
+
+namespace mccl {
+
+constexpr uint32_t kMagic = 0x4C43434D;  // "MCCL" in memory on little-endian hosts
+constexpr uint16_t kProtocolVersion = 1;
+
+enum class Channel : uint8_t {
+  kCollective = 1,  // seq = the communicator's collective sequence number
+  kPointToPoint = 2,  // seq = the user's tag
+};
+
+enum class CollectiveKind : uint8_t {
+  kAllreduce = 1,
+  kBroadcast = 2,
+  kReduce = 3,
+  kAllgather = 4,
+  kReduceScatter = 5,
+  kGather = 6,
+  kScatter = 7,
+  kAlltoall = 8,
+  kBarrier = 9,
+  kSend = 10,
+};
+
+const char* collective_name(CollectiveKind kind);
+
+struct FrameHeader {
+  uint32_t magic = kMagic;
+  uint16_t version = kProtocolVersion;
+  uint8_t channel = 0;
+  uint8_t kind = 0;
+  uint64_t comm_id = 0;
+  uint64_t seq = 0;
+  uint8_t dtype = 0;
+  uint8_t reduce_op = 0;
+  uint16_t root = 0;
+  uint32_t src_rank = 0;
+  uint64_t count = 0;   // the element count both sides must agree on (per collective, or per message)
+  uint64_t offset = 0;  // byte offset of this payload within the logical buffer
+  uint64_t length = 0;  // payload bytes that follow this header
+  uint32_t step = 0;    // algorithm step, for diagnostics and ordering checks
+  uint32_t reserved = 0;
+};
+static_assert(sizeof(FrameHeader) == 64, "FrameHeader must stay 64 bytes");
+
+// First bytes on every connection, sent by both ends.
+struct Hello {
+  uint32_t magic = kMagic;
+  uint16_t version = kProtocolVersion;
+  uint16_t reserved = 0;
+  uint64_t comm_id = 0;
+  uint32_t rank = 0;
+  uint32_t world_size = 0;
+};
+static_assert(sizeof(Hello) == 24, "Hello must stay 24 bytes");
+
+// "allreduce #12 of 1024 float32 (sum)"-style text for messages.
+std::string describe(const FrameHeader& h);
+
+// Checks magic and version; returns an empty string when fine, else the reason (naming the likely cause).
+std::string check_preamble(uint32_t magic, uint16_t version);
+
+// Compares a received header with the one this rank expected; returns "" or a description of every
+// field that differs, phrased as "rank A sent X, rank B expected Y".
+std::string compare_headers(const FrameHeader& expected, const FrameHeader& got, int my_rank);
+
+}  // namespace mccl

@@ -1,0 +1,46 @@
+#include "work.h"
+
+namespace mccl {
+
+bool Work::completed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+void Work::wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return done_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool Work::wait_for(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [this] { return done_; })) return false;
+  if (error_) std::rethrow_exception(error_);
+  return true;
+}
+
+std::exception_ptr Work::error() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return error_;
+}
+
+void Work::finish(std::exception_ptr error, int source) {
+  source_ = source;
+  if (callback_) {
+    try {
+      callback_(error);
+    } catch (...) {
+      if (!error) error = std::current_exception();
+    }
+    callback_ = nullptr;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    error_ = error;
+  }
+  cv_.notify_all();
+}
+
+}  // namespace mccl

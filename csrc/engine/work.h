@@ -1,0 +1,42 @@
+// A handle on one queued operation: it completes or fails exactly once.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+
+namespace mccl {
+
+// Runs on the progress thread when the operation ends, before waiters wake: nullptr on success.
+using Callback = std::function<void(std::exception_ptr)>;
+
+class Work {
+ public:
+  bool completed() const;
+  // Blocks until the operation ends; rethrows its error.
+  void wait();
+  // Like wait() but gives up after `timeout`: returns false then (the operation goes on).
+  bool wait_for(std::chrono::milliseconds timeout);
+  std::exception_ptr error() const;
+  // For a receive from any source: the rank it came from (-1 before completion).
+  int source() const { return source_; }
+
+  // Called once by the communicator.
+  void finish(std::exception_ptr error, int source = -1);
+
+  explicit Work(Callback callback) : callback_(std::move(callback)) {}
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  int source_ = -1;
+  Callback callback_;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+}  // namespace mccl

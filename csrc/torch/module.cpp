@@ -1,0 +1,51 @@
+// The Python extension `lightning_mccl._C`: exposes ProcessGroupMCCL to Python, and gives the c10d
+// operators kernels for the MPS dispatch key.
+//
+// torch registers c10d kernels for CPU and CUDA only, so a collective on an MPS tensor fails in the
+// dispatcher before any backend sees it. For each c10d op we register one boxed MPS kernel that
+// re-dispatches the same call to the op's CPU kernel; that kernel only looks up the process group's
+// backend and calls it, and ProcessGroupMCCL handles MPS tensors itself (staging through host memory).
+// Being boxed, it does not depend on the operators' schemas, which change between torch releases.
+#include <torch/extension.h>
+#include <torch/library.h>
+#include <pybind11/chrono.h>
+
+#include "process_group_mccl.hpp"
+
+namespace {
+
+void redispatch_to_cpu(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+}
+
+const char* const kC10dOps[] = {
+    "allreduce_", "allreduce_coalesced_", "broadcast_", "reduce_", "allgather_", "_allgather_base_",
+    "allgather_coalesced_", "allgather_into_tensor_coalesced_", "reduce_scatter_", "_reduce_scatter_base_",
+    "reduce_scatter_tensor_coalesced_", "alltoall_", "alltoall_base_", "gather_", "scatter_", "barrier",
+    "monitored_barrier_", "send", "recv_", "recv_any_source_",
+};
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(c10d, MPS, m) {
+  for (const char* name : kC10dOps) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&redispatch_to_cpu>());
+  }
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "MCCL: collectives over TCP for torch.distributed (backend name 'mccl')";
+  pybind11::module_::import("torch.distributed");
+  pybind11::class_<lightning_mccl::ProcessGroupMCCL, c10d::Backend,
+                   c10::intrusive_ptr<lightning_mccl::ProcessGroupMCCL>>(m, "ProcessGroupMCCL")
+      .def(pybind11::init<const c10::intrusive_ptr<c10d::Store>&, int, int, std::chrono::milliseconds,
+                          const std::string&>(),
+           pybind11::arg("store"), pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
+           pybind11::arg("route_to") = "", pybind11::call_guard<pybind11::gil_scoped_release>())
+      .def_property_readonly("listen_address", &lightning_mccl::ProcessGroupMCCL::listenAddress);
+  m.def("mps_kernels_registered", [] {
+    return c10::Dispatcher::singleton()
+        .findSchemaOrThrow("c10d::allreduce_", "")
+        .hasKernelForDispatchKey(c10::DispatchKey::MPS);
+  });
+}

@@ -1,0 +1,644 @@
+#include "process_group_mccl.hpp"
+
+#include <ATen/ATen.h>
+#include <c10/core/Stream.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include <numeric>
+
+#include "error.h"
+#include "reduce.h"
+
+namespace lightning_mccl {
+namespace {
+
+// ---- errors -------------------------------------------------------------------------------------
+// Bad input becomes a Python ValueError; everything else (mismatch, timeout, dead peer) a
+// torch.distributed.DistBackendError, which is a RuntimeError.
+[[noreturn]] void throw_torch(const mccl::Error& e) {
+  if (e.kind() == mccl::Error::Kind::kInvalidArgument) C10_THROW_ERROR(ValueError, e.what());
+  C10_THROW_ERROR(DistBackendError, e.what());
+}
+
+std::exception_ptr to_torch(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const mccl::Error& e) {
+    try {
+      throw_torch(e);
+    } catch (...) {
+      return std::current_exception();
+    }
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+template <typename F>
+auto translated(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const mccl::Error& e) {
+    throw_torch(e);
+  }
+}
+
+#define MCCL_TORCH_CHECK(cond, ...) \
+  if (!(cond)) C10_THROW_ERROR(ValueError, c10::str("MCCL invalid argument: ", __VA_ARGS__))
+
+// ---- dtypes and ops -----------------------------------------------------------------------------
+struct Elements {
+  mccl::DataType dtype;
+  size_t count;
+};
+
+// Complex tensors travel as pairs of reals: fine for moving data and for SUM/AVG, not for the rest.
+Elements elements_of(const at::Tensor& t, const char* op, int rank) {
+  size_t n = static_cast<size_t>(t.numel());
+  switch (t.scalar_type()) {
+    case at::kFloat: return {mccl::DataType::kFloat32, n};
+    case at::kDouble: return {mccl::DataType::kFloat64, n};
+    case at::kHalf: return {mccl::DataType::kFloat16, n};
+    case at::kBFloat16: return {mccl::DataType::kBFloat16, n};
+    case at::kChar: return {mccl::DataType::kInt8, n};
+    case at::kByte: return {mccl::DataType::kUInt8, n};
+    case at::kInt: return {mccl::DataType::kInt32, n};
+    case at::kLong: return {mccl::DataType::kInt64, n};
+    case at::kBool: return {mccl::DataType::kBool, n};
+    case at::kComplexFloat: return {mccl::DataType::kFloat32, 2 * n};
+    case at::kComplexDouble: return {mccl::DataType::kFloat64, 2 * n};
+    default:
+      C10_THROW_ERROR(ValueError, c10::str("MCCL invalid argument: rank ", rank, ": ", op, " does not support dtype ",
+                                           t.scalar_type(),
+                                           " (supported: float32, float64, float16, bfloat16, int8, uint8, int32, "
+                                           "int64, bool, complex64, complex128)"));
+  }
+}
+
+struct Reduction {
+  mccl::ReduceOp op;
+  std::optional<at::Tensor> premul;  // PREMUL_SUM: scale the input by this, then SUM
+};
+
+Reduction reduction_of(const c10d::ReduceOp& rop, const at::Tensor& t, const char* op, int rank) {
+  bool complex = t.is_complex();
+  auto fail = [&](const char* name) {
+    C10_THROW_ERROR(ValueError, c10::str("MCCL invalid argument: rank ", rank, ": ", op, " does not support reduce op ",
+                                         name, " on ", t.scalar_type(), " tensors"));
+  };
+  switch (rop.op_) {
+    case c10d::ReduceOp::SUM: return {mccl::ReduceOp::kSum, std::nullopt};
+    case c10d::ReduceOp::AVG: return {mccl::ReduceOp::kAvg, std::nullopt};
+    case c10d::ReduceOp::PRODUCT: if (complex) fail("product"); return {mccl::ReduceOp::kProduct, std::nullopt};
+    case c10d::ReduceOp::MIN: if (complex) fail("min"); return {mccl::ReduceOp::kMin, std::nullopt};
+    case c10d::ReduceOp::MAX: if (complex) fail("max"); return {mccl::ReduceOp::kMax, std::nullopt};
+    case c10d::ReduceOp::BAND: if (complex) fail("band"); return {mccl::ReduceOp::kBand, std::nullopt};
+    case c10d::ReduceOp::BOR: if (complex) fail("bor"); return {mccl::ReduceOp::kBor, std::nullopt};
+    case c10d::ReduceOp::BXOR: if (complex) fail("bxor"); return {mccl::ReduceOp::kBxor, std::nullopt};
+    case c10d::ReduceOp::PREMUL_SUM: {
+      auto supplement = c10::static_intrusive_pointer_cast<c10d::PreMulSumSupplement>(rop.supplement_);
+      at::Tensor factor = supplement->tensor_factor.defined()
+                              ? supplement->tensor_factor.to(at::kCPU)
+                              : at::scalar_tensor(supplement->double_factor, at::kDouble);
+      return {mccl::ReduceOp::kSum, factor};
+    }
+    default: fail("(unknown)");
+  }
+  fail("(unknown)");
+}
+
+// ---- staging ------------------------------------------------------------------------------------
+// A tensor as the engine sees it: `host` is contiguous CPU memory; `user` is what the caller passed.
+struct Staged {
+  at::Tensor user;
+  at::Tensor host;
+  bool copy_back = false;
+  std::optional<c10::Stream> stream;  // the caller's stream on `user`'s device, for the copy back
+};
+
+void check_dense(const at::Tensor& t, const char* op, int rank) {
+  MCCL_TORCH_CHECK(t.defined(), "rank ", rank, ": ", op, " got an undefined tensor");
+  MCCL_TORCH_CHECK(t.layout() == at::kStrided, "rank ", rank, ": ", op, " does not support ", t.layout(),
+                   " tensors (sparse tensors: densify them first)");
+}
+
+// `read`: the engine reads the tensor's values; `write`: the engine's result must land in it.
+Staged stage(const at::Tensor& t, bool read, bool write, const char* op, int rank) {
+  check_dense(t, op, rank);
+  Staged s;
+  s.user = t;
+  if (t.device().is_cpu()) {
+    s.host = t.is_contiguous() ? t : t.contiguous();
+    s.copy_back = write && !t.is_contiguous();
+    return s;
+  }
+  auto* impl = c10::impl::getDeviceGuardImpl(t.device().type());
+  s.stream = impl->getStream(t.device());
+  // .to(kCPU) is ordered after the caller's work on its current stream and waits for the copy.
+  s.host = read ? t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous()
+                : at::empty(t.sizes(), t.options().device(at::kCPU));
+  s.copy_back = write;
+  return s;
+}
+
+void unstage(const Staged& s) {
+  if (!s.copy_back) return;
+  if (s.stream) {
+    c10::StreamGuard guard(*s.stream);
+    s.user.copy_(s.host);
+  } else {
+    s.user.copy_(s.host);
+  }
+}
+
+char* ptr(const Staged& s) { return static_cast<char*>(s.host.data_ptr()); }
+
+void check_one(const std::vector<at::Tensor>& tensors, const char* op, int rank) {
+  MCCL_TORCH_CHECK(tensors.size() == 1, "rank ", rank, ": ", op, " takes exactly one tensor per process, got ",
+                   tensors.size());
+}
+
+void check_same(const at::Tensor& a, const at::Tensor& b, const char* what, const char* op, int rank) {
+  MCCL_TORCH_CHECK(a.scalar_type() == b.scalar_type(), "rank ", rank, ": ", op, ": ", what, " has dtype ",
+                   b.scalar_type(), " but the input is ", a.scalar_type());
+  MCCL_TORCH_CHECK(a.numel() == b.numel(), "rank ", rank, ": ", op, ": ", what, " has ", b.numel(),
+                   " elements but the input has ", a.numel());
+}
+
+using Staging = std::shared_ptr<std::vector<Staged>>;
+
+}  // namespace
+
+// ---- WorkMCCL -----------------------------------------------------------------------------------
+
+WorkMCCL::WorkMCCL(c10d::OpType type, std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout)
+    : c10d::Work(-1, type), outputs_(std::move(outputs)), timeout_(timeout) {
+  std::vector<c10::Device> devices;
+  for (const auto& t : outputs_) {
+    if (t.defined() && !t.device().is_cpu() &&
+        std::find(devices.begin(), devices.end(), t.device()) == devices.end())
+      devices.push_back(t.device());
+  }
+  future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
+}
+
+void WorkMCCL::complete(std::exception_ptr error) {
+  if (error) future_->setError(to_torch(error));
+  else future_->markCompleted(c10::IValue(outputs_));
+}
+
+bool WorkMCCL::isCompleted() { return future_->completed(); }
+bool WorkMCCL::isSuccess() const { return future_->completed() && !future_->hasError(); }
+std::exception_ptr WorkMCCL::exception() const { return future_->hasError() ? future_->exception_ptr() : nullptr; }
+int WorkMCCL::sourceRank() const { return engine_work_ ? engine_work_->source() : -1; }
+std::vector<at::Tensor> WorkMCCL::result() { return outputs_; }
+
+bool WorkMCCL::wait(std::chrono::milliseconds timeout) {
+  // Collectives carry their own deadline inside the engine; this bound also covers p2p receives.
+  auto limit = timeout == kNoTimeout ? timeout_ + std::chrono::seconds(10) : timeout;
+  bool done = translated([&] { return engine_work_->wait_for(limit); });
+  if (!done) {
+    C10_THROW_ERROR(DistBackendError, c10::str("MCCL timeout: ", c10d::opTypeToString(opType_),
+                                               " did not complete within ", limit.count(), " ms"));
+  }
+  if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+  return true;
+}
+
+// ---- ProcessGroupMCCL ---------------------------------------------------------------------------
+
+namespace {
+
+class StoreAdapter : public mccl::Store {
+ public:
+  explicit StoreAdapter(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+  std::string get(const std::string& key) override {
+    try {
+      auto value = store_->get(key);
+      return std::string(value.begin(), value.end());
+    } catch (const c10::Error& e) {
+      mccl::fail(mccl::Error::Kind::kTimeout, e.what_without_backtrace());
+    }
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+// Queues one engine operation for a WorkMCCL: on completion, copies staged outputs back to their
+// devices, then completes the Work's future.
+template <typename Launch>
+c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs, Staging staging,
+                                      std::chrono::milliseconds timeout, Launch&& start) {
+  auto work = c10::make_intrusive<WorkMCCL>(type, std::move(outputs), timeout);
+  WorkMCCL* raw = work.get();
+  c10::raw::intrusive_ptr::incref(raw);  // the engine callback owns one reference until it runs
+  mccl::Callback done = [raw, staging](std::exception_ptr error) {
+    auto owned = c10::intrusive_ptr<WorkMCCL>::reclaim(raw);
+    if (!error) {
+      try {
+        for (const auto& s : *staging) unstage(s);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    }
+    owned->complete(error);
+  };
+  try {
+    work->attach(start(std::move(done)));
+  } catch (const mccl::Error& e) {
+    c10::intrusive_ptr<WorkMCCL>::reclaim(raw);  // the callback never runs
+    throw_torch(e);
+  } catch (...) {
+    c10::intrusive_ptr<WorkMCCL>::reclaim(raw);
+    throw;
+  }
+  return work;
+}
+
+}  // namespace
+
+ProcessGroupMCCL::ProcessGroupMCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                   std::chrono::milliseconds timeout, const std::string& route_to)
+    : c10d::Backend(rank, size) {
+  StoreAdapter adapter(store);
+  comm_ = translated([&] { return std::make_unique<mccl::Communicator>(adapter, rank, size, timeout, route_to); });
+}
+
+ProcessGroupMCCL::~ProcessGroupMCCL() = default;
+
+void ProcessGroupMCCL::setTimeout(std::chrono::milliseconds timeout) { comm_->set_timeout(timeout); }
+uint64_t ProcessGroupMCCL::getSequenceNumberForGroup() { return comm_->collectives_issued(); }
+void ProcessGroupMCCL::abort() { comm_->abort(); }
+void ProcessGroupMCCL::shutdown() { comm_->shutdown(); }
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::broadcast(std::vector<at::Tensor>& tensors,
+                                                           const c10d::BroadcastOptions& opts) {
+  check_one(tensors, "broadcast", rank_);
+  const int root = static_cast<int>(opts.rootRank);
+  auto staging = std::make_shared<std::vector<Staged>>();
+  staging->push_back(stage(tensors[0], rank_ == root, rank_ != root, "broadcast", rank_));
+  Elements e = elements_of(tensors[0], "broadcast", rank_);
+  char* data = ptr((*staging)[0]);
+  return launch(c10d::OpType::BROADCAST, tensors, staging, comm_->timeout(), [&](mccl::Callback done) {
+    return comm_->broadcast(data, e.count, e.dtype, root, std::move(done));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce(std::vector<at::Tensor>& tensors,
+                                                           const c10d::AllreduceOptions& opts) {
+  check_one(tensors, "allreduce", rank_);
+  auto staging = std::make_shared<std::vector<Staged>>();
+  staging->push_back(stage(tensors[0], true, true, "allreduce", rank_));
+  Elements e = elements_of(tensors[0], "allreduce", rank_);
+  Reduction r = reduction_of(opts.reduceOp, tensors[0], "allreduce", rank_);
+  Staged& s = (*staging)[0];
+  if (r.premul) {
+    if (s.host.is_same(s.user)) s.copy_back = true, s.host = s.host.clone();
+    s.host.mul_(*r.premul);
+  }
+  char* data = ptr(s);
+  return launch(c10d::OpType::ALLREDUCE, tensors, staging, comm_->timeout(), [&](mccl::Callback done) {
+    return comm_->allreduce(data, e.count, e.dtype, r.op, std::move(done));
+  });
+}
+
+// Coalesced: the tensors are packed into one buffer, reduced once, and unpacked.
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                     const c10d::AllreduceCoalescedOptions& opts) {
+  MCCL_TORCH_CHECK(!tensors.empty(), "rank ", rank_, ": allreduce_coalesced got no tensors");
+  for (const auto& t : tensors) {
+    check_dense(t, "allreduce_coalesced", rank_);
+    MCCL_TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type() && t.device() == tensors[0].device(), "rank ", rank_,
+                     ": allreduce_coalesced needs tensors of one dtype and device");
+  }
+  std::vector<at::Tensor> flat;
+  for (const auto& t : tensors) flat.push_back(t.reshape({-1}));
+  at::Tensor packed = at::cat(flat).to(at::kCPU).contiguous();
+  Reduction r = reduction_of(opts.reduceOp, tensors[0], "allreduce_coalesced", rank_);
+  if (r.premul) packed.mul_(*r.premul);
+  auto staging = std::make_shared<std::vector<Staged>>();
+  int64_t at_elem = 0;
+  for (const auto& t : tensors) {
+    Staged s;
+    s.user = t;
+    s.host = packed.narrow(0, at_elem, t.numel()).view(t.sizes());
+    s.copy_back = true;
+    if (!t.device().is_cpu()) s.stream = c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device());
+    staging->push_back(s);
+    at_elem += t.numel();
+  }
+  Elements e = elements_of(packed, "allreduce_coalesced", rank_);
+  char* data = static_cast<char*>(packed.data_ptr());
+  auto keep = std::make_shared<at::Tensor>(packed);
+  return launch(c10d::OpType::ALLREDUCE_COALESCED, tensors, staging, comm_->timeout(), [&](mccl::Callback done) {
+    return comm_->allreduce(data, e.count, e.dtype, r.op, [keep, done](std::exception_ptr err) { done(err); });
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce(std::vector<at::Tensor>& tensors,
+                                                        const c10d::ReduceOptions& opts) {
+  check_one(tensors, "reduce", rank_);
+  const int root = static_cast<int>(opts.rootRank);
+  auto staging = std::make_shared<std::vector<Staged>>();
+  staging->push_back(stage(tensors[0], true, rank_ == root, "reduce", rank_));
+  Elements e = elements_of(tensors[0], "reduce", rank_);
+  Reduction r = reduction_of(opts.reduceOp, tensors[0], "reduce", rank_);
+  Staged& s = (*staging)[0];
+  if (r.premul) {
+    if (s.host.is_same(s.user)) s.host = s.host.clone(), s.copy_back = rank_ == root;
+    s.host.mul_(*r.premul);
+  }
+  char* data = ptr(s);
+  return launch(c10d::OpType::REDUCE, tensors, staging, comm_->timeout(), [&](mccl::Callback done) {
+    return comm_->reduce(data, e.count, e.dtype, r.op, root, std::move(done));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllgatherOptions&) {
+  check_one(inputs, "allgather", rank_);
+  MCCL_TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_, "rank ", rank_,
+                   ": allgather needs one list of ", size_, " output tensors");
+  auto staging = std::make_shared<std::vector<Staged>>();
+  for (const auto& out : outputs[0]) {
+    check_same(inputs[0], out, "an output tensor", "allgather", rank_);
+    staging->push_back(stage(out, false, true, "allgather", rank_));
+  }
+  Staged in = stage(inputs[0], true, false, "allgather", rank_);
+  staging->push_back(in);
+  Elements e = elements_of(inputs[0], "allgather", rank_);
+  std::vector<char*> outs;
+  for (int k = 0; k < size_; ++k) outs.push_back(ptr((*staging)[k]));
+  return launch(c10d::OpType::ALLGATHER, outputs[0], staging, comm_->timeout(), [&](mccl::Callback done) {
+    return comm_->allgather(ptr(in), e.count, e.dtype, outs, std::move(done));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                 const c10d::AllgatherOptions&) {
+  MCCL_TORCH_CHECK(output.scalar_type() == input.scalar_type() && output.numel() == input.numel() * size_, "rank ",
+                   rank_, ": all_gather_into_tensor needs an output of ", size_, " x ", input.numel(), " ",
+                   input.scalar_type(), " elements, got ", output.numel(), " ", output.scalar_type());
+  auto staging = std::make_shared<std::vector<Staged>>();
+  staging->push_back(stage(output, false, true, "all_gather_into_tensor", rank_));
+  Staged in = stage(input, true, false, "all_gather_into_tensor", rank_);
+  staging->push_back(in);
+  Elements e = elements_of(input, "all_gather_into_tensor", rank_);
+  size_t bytes = e.count * mccl::dtype_size(e.dtype);
+  std::vector<char*> outs;
+  for (int k = 0; k < size_; ++k) outs.push_back(ptr((*staging)[0]) + k * bytes);
+  return launch(c10d::OpType::_ALLGATHER_BASE, {output}, staging, comm_->timeout(), [&](mccl::Callback done) {
+    return comm_->allgather(ptr(in), e.count, e.dtype, outs, std::move(done));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                     std::vector<at::Tensor>& inputs,
+                                                                     const c10d::AllgatherOptions& opts) {
+  MCCL_TORCH_CHECK(outputs.size() == inputs.size(), "rank ", rank_, ": allgather_coalesced got ", outputs.size(),
+                   " output lists for ", inputs.size(), " inputs");
+  c10::intrusive_ptr<c10d::Work> last;
+  std::vector<at::Tensor> all;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<std::vector<at::Tensor>> out{outputs[i]};
+    std::vector<at::Tensor> in{inputs[i]};
+    last = allgather(out, in, opts);
+  }
+  MCCL_TORCH_CHECK(last, "rank ", rank_, ": allgather_coalesced got no tensors");
+  return last;  // collectives complete in issue order: the last one done means all are
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                                 std::vector<at::Tensor>& inputs,
+                                                                                 const c10d::AllgatherOptions& opts) {
+  MCCL_TORCH_CHECK(outputs.size() == inputs.size() && !inputs.empty(), "rank ", rank_,
+                   ": allgather_into_tensor_coalesced needs as many outputs as inputs (got ", outputs.size(), " and ",
+                   inputs.size(), ")");
+  c10::intrusive_ptr<c10d::Work> last;
+  for (size_t i = 0; i < inputs.size(); ++i) last = _allgather_base(outputs[i], inputs[i], opts);
+  return last;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                                const c10d::ReduceScatterOptions& opts) {
+  check_one(outputs, "reduce_scatter", rank_);
+  MCCL_TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, "rank ", rank_,
+                   ": reduce_scatter needs one list of ", size_, " input tensors");
+  std::vector<at::Tensor> flat;
+  for (const auto& in : inputs[0]) {
+    check_dense(in, "reduce_scatter", rank_);
+    check_same(outputs[0], in, "an input tensor", "reduce_scatter", rank_);
+    flat.push_back(in.reshape({-1}).to(at::kCPU));
+  }
+  at::Tensor packed = at::cat(flat).contiguous();
+  return _reduce_scatter_base(outputs[0], packed, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                      const c10d::ReduceScatterOptions& opts) {
+  MCCL_TORCH_CHECK(output.scalar_type() == input.scalar_type() && input.numel() == output.numel() * size_, "rank ",
+                   rank_, ": reduce_scatter_tensor needs an input of ", size_, " x ", output.numel(), " ",
+                   output.scalar_type(), " elements, got ", input.numel(), " ", input.scalar_type());
+  auto staging = std::make_shared<std::vector<Staged>>();
+  staging->push_back(stage(output, false, true, "reduce_scatter", rank_));
+  Staged in = stage(input, true, false, "reduce_scatter", rank_);
+  Reduction r = reduction_of(opts.reduceOp, output, "reduce_scatter", rank_);
+  if (r.premul) in.host = in.host.mul(*r.premul);
+  staging->push_back(in);
+  Elements e = elements_of(output, "reduce_scatter", rank_);
+  char* out = ptr((*staging)[0]);
+  return launch(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, staging, comm_->timeout(), [&](mccl::Callback done) {
+    return comm_->reduce_scatter(ptr(in), e.count, e.dtype, r.op, out, std::move(done));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  MCCL_TORCH_CHECK(outputs.size() == inputs.size() && !inputs.empty(), "rank ", rank_,
+                   ": reduce_scatter_tensor_coalesced needs as many outputs as inputs (got ", outputs.size(), " and ",
+                   inputs.size(), ")");
+  c10::intrusive_ptr<c10d::Work> last;
+  for (size_t i = 0; i < inputs.size(); ++i) last = _reduce_scatter_base(outputs[i], inputs[i], opts);
+  return last;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                               std::vector<int64_t>& output_split_sizes,
+                                                               std::vector<int64_t>& input_split_sizes,
+                                                               const c10d::AllToAllOptions&) {
+  MCCL_TORCH_CHECK(output.scalar_type() == input.scalar_type(), "rank ", rank_, ": all_to_all_single input is ",
+                   input.scalar_type(), " but output is ", output.scalar_type());
+  auto splits = [&](const at::Tensor& t, const std::vector<int64_t>& sizes, const char* which) {
+    std::vector<size_t> counts(size_);
+    int64_t rows = t.dim() > 0 ? t.size(0) : 1;
+    int64_t row_elems = rows > 0 ? t.numel() / rows : 0;
+    if (sizes.empty()) {
+      MCCL_TORCH_CHECK(rows % size_ == 0, "rank ", rank_, ": all_to_all_single ", which, " of ", rows,
+                       " rows does not split evenly over ", size_, " ranks; pass split sizes");
+      for (auto& c : counts) c = static_cast<size_t>(rows / size_ * row_elems);
+    } else {
+      MCCL_TORCH_CHECK(static_cast<int>(sizes.size()) == size_, "rank ", rank_, ": all_to_all_single needs ", size_,
+                       " ", which, " split sizes, got ", sizes.size());
+      int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t(0));
+      MCCL_TORCH_CHECK(total == rows, "rank ", rank_, ": all_to_all_single ", which, " split sizes add up to ", total,
+                       " rows but the tensor has ", rows);
+      for (int k = 0; k < size_; ++k) counts[k] = static_cast<size_t>(sizes[k] * row_elems);
+    }
+    return counts;
+  };
+  std::vector<size_t> send_counts = splits(input, input_split_sizes, "input");
+  std::vector<size_t> recv_counts = splits(output, output_split_sizes, "output");
+  auto staging = std::make_shared<std::vector<Staged>>();
+  staging->push_back(stage(output, false, true, "all_to_all_single", rank_));
+  Staged in = stage(input, true, false, "all_to_all_single", rank_);
+  staging->push_back(in);
+  Elements e = elements_of(input, "all_to_all_single", rank_);
+  size_t scale = e.count / std::max<size_t>(1, static_cast<size_t>(input.numel()));  // 2 for complex
+  for (auto& c : send_counts) c *= scale;
+  for (auto& c : recv_counts) c *= scale;
+  char* out = ptr((*staging)[0]);
+  return launch(c10d::OpType::ALLTOALL_BASE, {output}, staging, comm_->timeout(), [&](mccl::Callback done) {
+    return comm_->alltoall(ptr(in), send_counts, out, recv_counts, e.dtype, std::move(done));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall(std::vector<at::Tensor>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::AllToAllOptions&) {
+  MCCL_TORCH_CHECK(static_cast<int>(outputs.size()) == size_ && static_cast<int>(inputs.size()) == size_, "rank ",
+                   rank_, ": all_to_all needs ", size_, " input and output tensors, got ", inputs.size(), " and ",
+                   outputs.size());
+  std::vector<size_t> send_counts, recv_counts;
+  std::vector<at::Tensor> flat_in;
+  for (int k = 0; k < size_; ++k) {
+    check_dense(inputs[k], "all_to_all", rank_);
+    check_dense(outputs[k], "all_to_all", rank_);
+    MCCL_TORCH_CHECK(inputs[k].scalar_type() == inputs[0].scalar_type() &&
+                         outputs[k].scalar_type() == inputs[0].scalar_type(),
+                     "rank ", rank_, ": all_to_all needs every tensor in one dtype");
+    send_counts.push_back(elements_of(inputs[k], "all_to_all", rank_).count);
+    recv_counts.push_back(elements_of(outputs[k], "all_to_all", rank_).count);
+    flat_in.push_back(inputs[k].reshape({-1}).to(at::kCPU));
+  }
+  at::Tensor packed_in = at::cat(flat_in).contiguous();
+  int64_t total_out = 0;
+  for (const auto& t : outputs) total_out += t.numel();
+  at::Tensor packed_out = at::empty({total_out}, inputs[0].options().device(at::kCPU));
+  auto staging = std::make_shared<std::vector<Staged>>();
+  int64_t at_elem = 0;
+  for (const auto& t : outputs) {
+    Staged s;
+    s.user = t;
+    s.host = packed_out.narrow(0, at_elem, t.numel()).view(t.sizes());
+    s.copy_back = true;
+    if (!t.device().is_cpu()) s.stream = c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device());
+    staging->push_back(s);
+    at_elem += t.numel();
+  }
+  Staged keep_in;
+  keep_in.host = packed_in;
+  staging->push_back(keep_in);
+  mccl::DataType dtype = elements_of(inputs[0], "all_to_all", rank_).dtype;
+  return launch(c10d::OpType::ALLTOALL, outputs, staging, comm_->timeout(), [&](mccl::Callback done) {
+    return comm_->alltoall(packed_in.data_ptr(), send_counts, packed_out.data_ptr(), recv_counts, dtype,
+                           std::move(done));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                        std::vector<at::Tensor>& inputs,
+                                                        const c10d::GatherOptions& opts) {
+  check_one(inputs, "gather", rank_);
+  const int root = static_cast<int>(opts.rootRank);
+  auto staging = std::make_shared<std::vector<Staged>>();
+  std::vector<char*> outs;
+  std::vector<at::Tensor> result;
+  if (rank_ == root) {
+    MCCL_TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_, "rank ", rank_,
+                     ": gather root needs one list of ", size_, " output tensors");
+    for (const auto& out : outputs[0]) {
+      check_same(inputs[0], out, "an output tensor", "gather", rank_);
+      staging->push_back(stage(out, false, true, "gather", rank_));
+      outs.push_back(ptr(staging->back()));
+    }
+    result = outputs[0];
+  } else {
+    MCCL_TORCH_CHECK(outputs.empty() || outputs[0].empty(), "rank ", rank_,
+                     ": gather outputs must be empty on non-root ranks");
+  }
+  Staged in = stage(inputs[0], true, false, "gather", rank_);
+  staging->push_back(in);
+  Elements e = elements_of(inputs[0], "gather", rank_);
+  return launch(c10d::OpType::GATHER, result, staging, comm_->timeout(), [&](mccl::Callback done) {
+    return comm_->gather(ptr(in), e.count, e.dtype, outs, root, std::move(done));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::scatter(std::vector<at::Tensor>& outputs,
+                                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                                         const c10d::ScatterOptions& opts) {
+  check_one(outputs, "scatter", rank_);
+  const int root = static_cast<int>(opts.rootRank);
+  auto staging = std::make_shared<std::vector<Staged>>();
+  staging->push_back(stage(outputs[0], false, true, "scatter", rank_));
+  std::vector<const char*> ins;
+  if (rank_ == root) {
+    MCCL_TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, "rank ", rank_,
+                     ": scatter root needs one list of ", size_, " input tensors");
+    for (const auto& in : inputs[0]) {
+      check_same(outputs[0], in, "an input tensor", "scatter", rank_);
+      staging->push_back(stage(in, true, false, "scatter", rank_));
+      ins.push_back(ptr(staging->back()));
+    }
+  } else {
+    MCCL_TORCH_CHECK(inputs.empty() || inputs[0].empty(), "rank ", rank_,
+                     ": scatter inputs must be empty on non-root ranks");
+  }
+  Elements e = elements_of(outputs[0], "scatter", rank_);
+  char* out = ptr((*staging)[0]);
+  return launch(c10d::OpType::SCATTER, outputs, staging, comm_->timeout(), [&](mccl::Callback done) {
+    return comm_->scatter(ins, out, e.count, e.dtype, root, std::move(done));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::barrier(const c10d::BarrierOptions&) {
+  auto staging = std::make_shared<std::vector<Staged>>();
+  return launch(c10d::OpType::BARRIER, {}, staging, comm_->timeout(),
+                [&](mccl::Callback done) { return comm_->barrier(std::move(done)); });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  check_one(tensors, "send", rank_);
+  auto staging = std::make_shared<std::vector<Staged>>();
+  Staged s = stage(tensors[0], true, false, "send", rank_);
+  staging->push_back(s);
+  Elements e = elements_of(tensors[0], "send", rank_);
+  return launch(c10d::OpType::SEND, tensors, staging, comm_->timeout(), [&](mccl::Callback done) {
+    return comm_->send(ptr(s), e.count, e.dtype, dst_rank, static_cast<uint64_t>(tag), std::move(done));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  check_one(tensors, "recv", rank_);
+  auto staging = std::make_shared<std::vector<Staged>>();
+  staging->push_back(stage(tensors[0], false, true, "recv", rank_));
+  Elements e = elements_of(tensors[0], "recv", rank_);
+  char* data = ptr((*staging)[0]);
+  return launch(c10d::OpType::RECV, tensors, staging, comm_->timeout(), [&](mccl::Callback done) {
+    return comm_->recv(data, e.count, e.dtype, src_rank, static_cast<uint64_t>(tag), std::move(done));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return recv(tensors, mccl::kAnySource, tag);
+}
+
+}  // namespace lightning_mccl

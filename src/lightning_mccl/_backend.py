@@ -1,0 +1,46 @@
+"""Registration of the `mccl` backend with torch.distributed."""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from . import _C
+
+ProcessGroupMCCL = _C.ProcessGroupMCCL
+
+BACKEND_NAME = "mccl"
+DEVICES = ["cpu", "cuda", "mps"]
+
+
+def _store_host(store) -> str:
+    """The TCPStore host under torch's PrefixStore wrappers, if any: where MASTER_ADDR points."""
+    seen = 0
+    while store is not None and seen < 16:
+        host = getattr(store, "host", None)
+        if host:
+            return host
+        store = getattr(store, "underlying_store", None)
+        seen += 1
+    return ""
+
+
+def _create_backend(opts, backend_options=None):
+    """torch's extended-API creator: one ProcessGroupMCCL per process group and device."""
+    timeout = opts.timeout
+    if not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=float(timeout))
+    route_to = os.environ.get("MASTER_ADDR") or _store_host(opts.store)
+    return ProcessGroupMCCL(opts.store, opts.group_rank, opts.group_size, timeout, route_to)
+
+
+def is_registered() -> bool:
+    return BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {})
+
+
+def register() -> None:
+    """Registers `mccl` for cpu, cuda and mps tensors. Idempotent; also the entry point torch calls."""
+    if is_registered():
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=DEVICES)

@@ -1,0 +1,127 @@
+// Bad input and broken peers: each becomes an mccl::Error with the right kind and a message naming the
+// cause, on every rank, and nothing hangs.
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.h"
+#include "local_world.h"
+#include "reduce.h"
+
+using namespace mccl;
+using mccl_test::run_world;
+
+namespace {
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+}  // namespace
+
+TEST(mismatched_counts_fail_on_every_rank) {
+  auto errors = run_world(3, [](int rank, Communicator& comm) {
+    std::vector<float> buf(rank == 1 ? 12 : 10, 1.0f);
+    comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum)->wait();
+  }, std::chrono::seconds(10));
+  for (int r = 0; r < 3; ++r) CHECK_MSG(!errors[r].empty(), "rank %d did not fail", r);
+  bool named = false;
+  for (auto& e : errors) named = named || (contains(e, "mismatch") && contains(e, "12") && contains(e, "10"));
+  CHECK_MSG(named, "no rank named both counts: %s | %s | %s", errors[0].c_str(), errors[1].c_str(), errors[2].c_str());
+}
+
+TEST(mismatched_collectives_name_both_sides) {
+  auto errors = run_world(2, [](int rank, Communicator& comm) {
+    std::vector<float> buf(8, 1.0f);
+    if (rank == 0) comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum)->wait();
+    else comm.broadcast(buf.data(), buf.size(), DataType::kFloat32, 0)->wait();
+  }, std::chrono::seconds(10));
+  CHECK(!errors[0].empty() && !errors[1].empty());
+  bool named = false;
+  for (auto& e : errors) named = named || (contains(e, "allreduce") && contains(e, "broadcast"));
+  CHECK_MSG(named, "%s | %s", errors[0].c_str(), errors[1].c_str());
+}
+
+TEST(mismatched_dtypes_are_detected) {
+  auto errors = run_world(2, [](int rank, Communicator& comm) {
+    std::vector<double> buf(8, 1.0);
+    comm.allreduce(buf.data(), 8, rank == 0 ? DataType::kFloat64 : DataType::kInt64, ReduceOp::kSum)->wait();
+  }, std::chrono::seconds(10));
+  CHECK(!errors[0].empty() && !errors[1].empty());
+  bool named = false;
+  for (auto& e : errors) named = named || (contains(e, "float64") && contains(e, "int64"));
+  CHECK_MSG(named, "%s | %s", errors[0].c_str(), errors[1].c_str());
+}
+
+TEST(unsupported_op_raises_at_the_call) {
+  auto errors = run_world(2, [](int, Communicator& comm) {
+    std::vector<float> buf(4);
+    try {
+      comm.allreduce(buf.data(), 4, DataType::kFloat32, ReduceOp::kBand);
+      fail(Error::Kind::kInternal, "no error for band on float32");
+    } catch (const Error& e) {
+      if (e.kind() != Error::Kind::kInvalidArgument || !contains(e.what(), "band") || !contains(e.what(), "float32"))
+        throw;
+    }
+    try {
+      comm.broadcast(buf.data(), 4, DataType::kFloat32, 5);
+      fail(Error::Kind::kInternal, "no error for root 5");
+    } catch (const Error& e) {
+      if (e.kind() != Error::Kind::kInvalidArgument || !contains(e.what(), "root")) throw;
+    }
+    comm.barrier()->wait();  // still usable: argument errors are not fatal
+  });
+  for (auto& e : errors) CHECK_MSG(e.empty(), "%s", e.c_str());
+}
+
+TEST(silent_peer_times_out_with_its_name) {
+  auto start = std::chrono::steady_clock::now();
+  auto errors = run_world(2, [](int rank, Communicator& comm) {
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // never joins the allreduce
+      return;
+    }
+    std::vector<float> buf(4, 1.0f);
+    comm.allreduce(buf.data(), 4, DataType::kFloat32, ReduceOp::kSum)->wait();
+  }, std::chrono::seconds(1));
+  auto took = std::chrono::steady_clock::now() - start;
+  CHECK_MSG(contains(errors[0], "timeout") && contains(errors[0], "rank 1"), "%s", errors[0].c_str());
+  CHECK(took < std::chrono::seconds(8));
+}
+
+TEST(dead_peer_fails_neighbours_fast_and_later_calls_rethrow) {
+  auto errors = run_world(3, [](int rank, Communicator& comm) {
+    std::vector<float> buf(1 << 16, 1.0f);
+    comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum)->wait();
+    if (rank == 2) {
+      comm.abort();  // closes its sockets, as a crashed process would
+      return;
+    }
+    auto start = std::chrono::steady_clock::now();
+    std::string first;
+    try {
+      comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum)->wait();
+    } catch (const Error& e) {
+      first = e.what();
+    }
+    if (first.empty()) fail(Error::Kind::kInternal, "allreduce with a dead peer succeeded");
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(5))
+      fail(Error::Kind::kInternal, "took longer than 5 s to notice");
+    try {
+      comm.barrier();
+    } catch (const Error& e) {
+      return;  // later calls rethrow
+    }
+    fail(Error::Kind::kInternal, "later call did not rethrow");
+  }, std::chrono::seconds(20));
+  for (int r = 0; r < 3; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+}
+
+TEST(missing_rank_times_out_in_rendezvous) {
+  mccl_test::MemoryStore store(std::chrono::milliseconds(500));
+  std::string message;
+  try {
+    Communicator comm(store, 0, 2, std::chrono::milliseconds(1000), "127.0.0.1");
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  CHECK_MSG(contains(message, "rank 1") || contains(message, "higher rank"), "%s", message.c_str());
+}
+
+MCCL_TEST_MAIN

@@ -1,0 +1,522 @@
+// Tests for the reduction kernels (reduce.h): every supported dtype x op pair against a reference computed
+// in double (or exact wrapping integer arithmetic), plus the edge cases: aliasing, NaN, half rounding,
+// integer wraparound, divide_by, the support table and the errors.
+#include "reduce.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.h"
+#include "dtype.h"
+#include "error.h"
+
+using mccl::DataType;
+using mccl::ReduceOp;
+
+namespace {
+
+const DataType kAllTypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                              DataType::kBFloat16, DataType::kInt8,    DataType::kUInt8,
+                              DataType::kInt32,   DataType::kInt64,   DataType::kBool};
+const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAvg,  ReduceOp::kProduct, ReduceOp::kMin,
+                            ReduceOp::kMax, ReduceOp::kBand, ReduceOp::kBor,     ReduceOp::kBxor};
+const size_t kCounts[] = {0, 1, 3, 7, 16, 1023, (size_t(1) << 20) + 5};
+
+using Bytes = std::vector<unsigned char>;
+
+// ---- Reference half-precision conversions, written independently of reduce.cc (via ldexp/nearbyint).
+
+double fp16_to_double(uint16_t h) {
+  int e = (h >> 10) & 31, m = h & 1023;
+  double v = e == 31 ? (m ? std::nan("") : INFINITY) : e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
+  return (h & 0x8000) ? -v : v;
+}
+
+// Correctly rounded (nearest even) double -> float16; NaN -> 0x7E00.
+uint16_t double_to_fp16(double x) {
+  if (std::isnan(x)) return 0x7E00;
+  uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+  double a = std::fabs(x);
+  if (a >= 65520.0) return sign | 0x7C00;  // 65520 is the tie between 65504 and 2^16: even is Inf
+  if (a < std::ldexp(1.0, -14)) return sign | uint16_t(std::nearbyint(std::ldexp(a, 24)));  // subnormal
+  int e;
+  std::frexp(a, &e);  // a in [2^(e-1), 2^e)
+  double q = std::nearbyint(std::ldexp(a, 11 - e));  // 11 significant bits, in [1024, 2048]
+  int biased = e - 1 + 15;
+  if (q == 2048) q = 1024, ++biased;
+  return sign | uint16_t((biased << 10) | (int(q) - 1024));
+}
+
+double bf16_to_double(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Correctly rounded (nearest even) double -> bfloat16; NaN -> 0x7FC0.
+uint16_t double_to_bf16(double x) {
+  if (std::isnan(x)) return 0x7FC0;
+  uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+  double a = std::fabs(x);
+  if (a >= std::ldexp(2.0 - std::ldexp(1.0, -8), 127)) return sign | 0x7F80;
+  if (a < std::ldexp(1.0, -126)) return sign | uint16_t(std::nearbyint(std::ldexp(a, 133)));  // subnormal
+  int e;
+  std::frexp(a, &e);
+  double q = std::nearbyint(std::ldexp(a, 8 - e));  // 8 significant bits, in [128, 256]
+  int biased = e - 1 + 127;
+  if (q == 256) q = 128, ++biased;
+  return sign | uint16_t((biased << 7) | (int(q) - 128));
+}
+
+// ---- Typed element access by dtype.
+
+template <typename T>
+T get(const Bytes& b, size_t i) {
+  T v;
+  std::memcpy(&v, b.data() + i * sizeof(T), sizeof(T));
+  return v;
+}
+template <typename T>
+void put(Bytes& b, size_t i, T v) {
+  std::memcpy(b.data() + i * sizeof(T), &v, sizeof(T));
+}
+
+double load_float(DataType t, const Bytes& b, size_t i) {
+  switch (t) {
+    case DataType::kFloat32: return get<float>(b, i);
+    case DataType::kFloat64: return get<double>(b, i);
+    case DataType::kFloat16: return fp16_to_double(get<uint16_t>(b, i));
+    default: return bf16_to_double(get<uint16_t>(b, i));
+  }
+}
+void store_float(DataType t, Bytes& b, size_t i, double v) {
+  switch (t) {
+    case DataType::kFloat32: return put<float>(b, i, float(v));
+    case DataType::kFloat64: return put<double>(b, i, v);
+    case DataType::kFloat16: return put<uint16_t>(b, i, double_to_fp16(v));
+    default: return put<uint16_t>(b, i, double_to_bf16(v));
+  }
+}
+int64_t load_int(DataType t, const Bytes& b, size_t i) {
+  switch (t) {
+    case DataType::kInt8: return get<int8_t>(b, i);
+    case DataType::kUInt8: return get<uint8_t>(b, i);
+    case DataType::kInt32: return get<int32_t>(b, i);
+    default: return get<int64_t>(b, i);
+  }
+}
+void store_int(DataType t, Bytes& b, size_t i, int64_t v) {  // truncating, two's complement
+  switch (t) {
+    case DataType::kInt8: return put<int8_t>(b, i, int8_t(uint8_t(v)));
+    case DataType::kUInt8: return put<uint8_t>(b, i, uint8_t(v));
+    case DataType::kInt32: return put<int32_t>(b, i, int32_t(uint32_t(v)));
+    default: return put<int64_t>(b, i, v);
+  }
+}
+
+bool is_int(DataType t) { return !mccl::is_floating(t) && t != DataType::kBool; }
+
+// ---- Reference ops.
+
+double ref_float_op(ReduceOp op, double a, double b) {
+  bool nan = std::isnan(a) || std::isnan(b);
+  switch (op) {
+    case ReduceOp::kSum: case ReduceOp::kAvg: return a + b;
+    case ReduceOp::kProduct: return a * b;
+    case ReduceOp::kMin: return nan ? std::nan("") : (a < b ? a : b);
+    default: return nan ? std::nan("") : (a > b ? a : b);
+  }
+}
+int64_t ref_int_op(ReduceOp op, int64_t a, int64_t b) {
+  switch (op) {
+    case ReduceOp::kSum: case ReduceOp::kAvg: return int64_t(uint64_t(a) + uint64_t(b));
+    case ReduceOp::kProduct: return int64_t(uint64_t(a) * uint64_t(b));
+    case ReduceOp::kMin: return a < b ? a : b;
+    case ReduceOp::kMax: return a > b ? a : b;
+    case ReduceOp::kBand: return a & b;
+    case ReduceOp::kBor: return a | b;
+    default: return a ^ b;
+  }
+}
+uint8_t ref_bool_op(ReduceOp op, bool a, bool b) {
+  switch (op) {
+    case ReduceOp::kProduct: case ReduceOp::kMin: case ReduceOp::kBand: return a && b;
+    case ReduceOp::kBxor: return a != b;
+    default: return a || b;  // sum, max, bor
+  }
+}
+
+Bytes reference(DataType t, ReduceOp op, const Bytes& a, const Bytes& b, size_t n) {
+  Bytes out(a.size());
+  for (size_t i = 0; i < n; ++i) {
+    if (mccl::is_floating(t)) store_float(t, out, i, ref_float_op(op, load_float(t, a, i), load_float(t, b, i)));
+    else if (is_int(t)) store_int(t, out, i, ref_int_op(op, load_int(t, a, i), load_int(t, b, i)));
+    else out[i] = ref_bool_op(op, a[i] != 0, b[i] != 0);
+  }
+  return out;
+}
+
+// Index of the first element that differs (bitwise; any NaN equals any NaN), or n.
+size_t first_mismatch(DataType t, const Bytes& got, const Bytes& want, size_t n) {
+  size_t elem = mccl::dtype_size(t);
+  for (size_t i = 0; i < n; ++i) {
+    if (std::memcmp(got.data() + i * elem, want.data() + i * elem, elem) == 0) continue;
+    if (mccl::is_floating(t) && std::isnan(load_float(t, got, i)) && std::isnan(load_float(t, want, i))) continue;
+    return i;
+  }
+  return n;
+}
+
+std::string hex(DataType t, const Bytes& b, size_t i) {
+  size_t elem = mccl::dtype_size(t);
+  std::string s = "0x";
+  char buf[4];
+  for (size_t k = elem; k-- > 0;) {  // little-endian element, most significant byte first
+    std::snprintf(buf, sizeof buf, "%02x", b[i * elem + k]);
+    s += buf;
+  }
+  return s;
+}
+
+// Random operands: half types and integers as random bit patterns (all values, NaN/Inf/subnormals
+// included); float32/float64 half random bits, half small values whose sums and products need rounding.
+Bytes random_buffer(DataType t, size_t n, std::mt19937_64& rng) {
+  Bytes b(n * mccl::dtype_size(t));
+  std::uniform_real_distribution<double> small(-10.0, 10.0);
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t bits = rng();
+    switch (t) {
+      case DataType::kFloat32:
+        if (bits & 1) put<float>(b, i, float(small(rng)));
+        else put<uint32_t>(b, i, uint32_t(bits >> 32));
+        break;
+      case DataType::kFloat64:
+        if (bits & 1) put<double>(b, i, small(rng));
+        else put<uint64_t>(b, i, rng());
+        break;
+      case DataType::kBool: b[i] = bits & 1; break;
+      default: std::memcpy(b.data() + i * mccl::dtype_size(t), &bits, mccl::dtype_size(t));
+    }
+  }
+  return b;
+}
+
+// Runs op(a, b) through reduce_into and reduce3 and checks both against the reference.
+void check_pair(DataType t, ReduceOp op, const Bytes& a, const Bytes& b, size_t n, const char* label) {
+  Bytes want = reference(t, op, a, b, n);
+  Bytes into = a;
+  mccl::reduce_into(into.data(), b.data(), n, t, op);
+  Bytes out(a.size(), 0xAB);
+  mccl::reduce3(out.data(), a.data(), b.data(), n, t, op);
+  for (const Bytes* got : {&into, &out}) {
+    size_t i = first_mismatch(t, *got, want, n);
+    CHECK_MSG(i == n, "%s %s %s n=%zu %s: element %zu: a=%s b=%s got %s want %s", label, mccl::dtype_name(t),
+              mccl::op_name(op), n, got == &into ? "reduce_into" : "reduce3", i, hex(t, a, i).c_str(),
+              hex(t, b, i).c_str(), hex(t, *got, i).c_str(), hex(t, want, i).c_str());
+  }
+}
+
+Bytes halves(std::initializer_list<uint16_t> v) {
+  Bytes b(v.size() * 2);
+  std::memcpy(b.data(), v.begin(), b.size());
+  return b;
+}
+
+template <typename T>
+Bytes typed(std::initializer_list<T> v) {
+  Bytes b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.begin(), b.size());
+  return b;
+}
+
+template <typename F>
+void expect_invalid(F&& f, std::initializer_list<const char*> words, const char* label) {
+  try {
+    f();
+    CHECK_MSG(false, "%s: no exception", label);
+  } catch (const mccl::Error& e) {
+    CHECK_MSG(e.kind() == mccl::Error::Kind::kInvalidArgument, "%s: wrong kind: %s", label, e.what());
+    for (const char* w : words) CHECK_MSG(std::string(e.what()).find(w) != std::string::npos, "%s: '%s' not in: %s", label, w, e.what());
+  }
+}
+
+}  // namespace
+
+TEST(every_dtype_op_and_count_matches_reference) {
+  std::mt19937_64 rng(12345);
+  for (DataType t : kAllTypes) {
+    for (ReduceOp op : kAllOps) {
+      if (!mccl::op_supported(t, op)) continue;
+      for (size_t n : kCounts) {
+        Bytes a = random_buffer(t, n, rng), b = random_buffer(t, n, rng);
+        check_pair(t, op, a, b, n, "random");
+      }
+    }
+  }
+}
+
+TEST(aliasing_out_equals_a_or_b_or_both) {
+  std::mt19937_64 rng(7);
+  for (DataType t : kAllTypes) {
+    for (ReduceOp op : kAllOps) {
+      if (!mccl::op_supported(t, op)) continue;
+      for (size_t n : {size_t(37), (size_t(1) << 20) + 5}) {
+        Bytes a = random_buffer(t, n, rng), b = random_buffer(t, n, rng);
+        Bytes want = reference(t, op, a, b, n), want_self = reference(t, op, a, a, n);
+        Bytes x = a;
+        mccl::reduce3(x.data(), x.data(), b.data(), n, t, op);  // out == a
+        CHECK_MSG(first_mismatch(t, x, want, n) == n, "out==a %s %s n=%zu", mccl::dtype_name(t), mccl::op_name(op), n);
+        Bytes y = b;
+        mccl::reduce3(y.data(), a.data(), y.data(), n, t, op);  // out == b
+        CHECK_MSG(first_mismatch(t, y, want, n) == n, "out==b %s %s n=%zu", mccl::dtype_name(t), mccl::op_name(op), n);
+        Bytes z = a;
+        mccl::reduce3(z.data(), z.data(), z.data(), n, t, op);  // out == a == b
+        CHECK_MSG(first_mismatch(t, z, want_self, n) == n, "a op a %s %s n=%zu", mccl::dtype_name(t), mccl::op_name(op), n);
+        Bytes w = a;
+        mccl::reduce_into(w.data(), w.data(), n, t, op);  // dst == src
+        CHECK_MSG(first_mismatch(t, w, want_self, n) == n, "into self %s %s n=%zu", mccl::dtype_name(t), mccl::op_name(op), n);
+      }
+    }
+  }
+}
+
+TEST(operand_order_kept_when_out_aliases_b) {
+  // min/max of +0 and -0 returns the second operand; aliasing must not swap operands.
+  Bytes a = typed<float>({0.0f, -0.0f}), b = typed<float>({-0.0f, 0.0f});
+  for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
+    Bytes plain(8), x = a, y = b;
+    mccl::reduce3(plain.data(), a.data(), b.data(), 2, DataType::kFloat32, op);
+    mccl::reduce3(x.data(), x.data(), b.data(), 2, DataType::kFloat32, op);
+    mccl::reduce3(y.data(), a.data(), y.data(), 2, DataType::kFloat32, op);
+    CHECK(plain == b);
+    CHECK(x == plain);
+    CHECK(y == plain);
+  }
+}
+
+TEST(unaligned_buffers) {
+  std::mt19937_64 rng(99);
+  for (DataType t : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16, DataType::kInt64}) {
+    size_t elem = mccl::dtype_size(t);
+    for (size_t off = 1; off < 4; ++off) {
+      size_t n = 517;
+      Bytes a = random_buffer(t, n + off, rng), b = random_buffer(t, n + off, rng);
+      Bytes want = reference(t, ReduceOp::kSum, a, b, n + off);
+      Bytes out(a.size());
+      mccl::reduce3(out.data() + off * elem, a.data() + off * elem, b.data() + off * elem, n, t, ReduceOp::kSum);
+      mccl::reduce_into(a.data() + off * elem, b.data() + off * elem, n, t, ReduceOp::kSum);
+      auto tail = [&](const Bytes& x) { return Bytes(x.begin() + off * elem, x.end()); };
+      CHECK_MSG(first_mismatch(t, tail(out), tail(want), n) == n, "%s reduce3 offset %zu", mccl::dtype_name(t), off);
+      CHECK_MSG(first_mismatch(t, tail(a), tail(want), n) == n, "%s reduce_into offset %zu", mccl::dtype_name(t), off);
+    }
+  }
+}
+
+TEST(nan_propagates_through_min_and_max) {
+  const double qnan = std::nan("");
+  for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16, DataType::kBFloat16}) {
+    size_t n = 6;
+    Bytes a(n * mccl::dtype_size(t)), b(a.size());
+    double av[] = {qnan, 1.0, qnan, -INFINITY, INFINITY, qnan};
+    double bv[] = {1.0, qnan, qnan, qnan, qnan, -INFINITY};
+    for (size_t i = 0; i < n; ++i) store_float(t, a, i, av[i]), store_float(t, b, i, bv[i]);
+    for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kSum, ReduceOp::kProduct}) {
+      Bytes out(a.size()), into = a;
+      mccl::reduce3(out.data(), a.data(), b.data(), n, t, op);
+      mccl::reduce_into(into.data(), b.data(), n, t, op);
+      for (size_t i = 0; i < n; ++i) {
+        CHECK_MSG(std::isnan(load_float(t, out, i)), "%s %s element %zu", mccl::dtype_name(t), mccl::op_name(op), i);
+        CHECK_MSG(std::isnan(load_float(t, into, i)), "%s %s element %zu", mccl::dtype_name(t), mccl::op_name(op), i);
+      }
+    }
+  }
+}
+
+TEST(bfloat16_rounds_ties_to_even_and_keeps_nan) {
+  // 1 + 2^-8 is halfway between 1 (even) and 1 + 2^-7: rounds down; (1 + 2^-7) + 2^-8 rounds up to 1 + 2^-6.
+  Bytes a = halves({0x3F80, 0x3F81, 0xBF80, 0xBF81, 0x7F7F, 0x3F80});
+  Bytes b = halves({0x3B80, 0x3B80, 0xBB80, 0xBB80, 0x7F7F, 0x3380});  // last: 2^-24, far below half an ulp
+  Bytes out(a.size());
+  mccl::reduce3(out.data(), a.data(), b.data(), 6, DataType::kBFloat16, ReduceOp::kSum);
+  CHECK(out == halves({0x3F80, 0x3F82, 0xBF80, 0xBF82, 0x7F80, 0x3F80}));  // max + max overflows to Inf
+  // NaN payloads of every shape stay NaN (a naive +0x7FFF rounding could carry a NaN into Inf or -0).
+  Bytes nans = halves({0x7F81, 0x7FC0, 0xFFFF, 0x7FFF, 0xFF81});
+  Bytes ones = halves({0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80});
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax}) {
+    Bytes r(nans.size());
+    mccl::reduce3(r.data(), nans.data(), ones.data(), 5, DataType::kBFloat16, op);
+    for (size_t i = 0; i < 5; ++i) CHECK_MSG(std::isnan(bf16_to_double(get<uint16_t>(r, i))), "op %s i %zu", mccl::op_name(op), i);
+  }
+  Bytes d = nans;
+  mccl::divide_by(d.data(), 5, DataType::kBFloat16, 3);
+  for (size_t i = 0; i < 5; ++i) CHECK(std::isnan(bf16_to_double(get<uint16_t>(d, i))));
+}
+
+TEST(float16_subnormals_and_infinities) {
+  Bytes a = halves({0x0001, 0x03FF, 0x0001, 0x0003, 0x7BFF, 0x7BFF, 0x7C00, 0x7C00, 0xFBFF, 0x8001});
+  Bytes b = halves({0x0001, 0x0001, 0x3800, 0x3800, 0x4C00, 0x4800, 0xFC00, 0x3C00, 0xCC00, 0x0001});
+  // sums: 2 subnormals; largest subnormal + smallest -> smallest normal; 65504 + 16 = tie -> Inf;
+  // 65504 + 8 -> 65504; Inf + -Inf = NaN; Inf + 1 = Inf; -65504 - 16 -> -Inf; -tiny + tiny = +0.
+  Bytes sum(a.size());
+  mccl::reduce3(sum.data(), a.data(), b.data(), 10, DataType::kFloat16, ReduceOp::kSum);
+  uint16_t want_sum[] = {0x0002, 0x0400, 0x3800, 0x3800, 0x7C00, 0x7BFF, 0x7E00, 0x7C00, 0xFC00, 0x0000};
+  for (size_t i = 0; i < 10; ++i) {
+    uint16_t got = get<uint16_t>(sum, i);
+    bool ok = i == 6 ? std::isnan(fp16_to_double(got)) : got == want_sum[i];
+    CHECK_MSG(ok, "sum element %zu: got 0x%04x want 0x%04x", i, got, want_sum[i]);
+  }
+  // products with 0.5: smallest subnormal * 0.5 is a tie between 0 and 2^-24 -> 0 (even);
+  // 3 * 2^-24 * 0.5 is a tie between 1 and 2 (x 2^-24) -> 2.
+  Bytes prod(a.size());
+  mccl::reduce3(prod.data(), a.data(), b.data(), 4, DataType::kFloat16, ReduceOp::kProduct);
+  CHECK(get<uint16_t>(prod, 0) == 0x0000);
+  CHECK(get<uint16_t>(prod, 1) == 0x0000);  // 1023*2^-24 * 2^-24
+  CHECK(get<uint16_t>(prod, 2) == 0x0000);
+  CHECK(get<uint16_t>(prod, 3) == 0x0002);
+}
+
+TEST(half_types_exhaustive_identity_and_rounding) {
+  // Every bit pattern times 1.0 must come back unchanged (NaN stays NaN), and x / 3 must be correctly rounded.
+  for (DataType t : {DataType::kFloat16, DataType::kBFloat16}) {
+    const size_t n = 65536;
+    Bytes all(n * 2), one(n * 2), out(n * 2);
+    uint16_t unit = t == DataType::kFloat16 ? 0x3C00 : 0x3F80;
+    for (size_t i = 0; i < n; ++i) put<uint16_t>(all, i, uint16_t(i)), put<uint16_t>(one, i, unit);
+    mccl::reduce3(out.data(), all.data(), one.data(), n, t, ReduceOp::kProduct);
+    CHECK_MSG(first_mismatch(t, out, all, n) == n, "%s identity at %zu", mccl::dtype_name(t), first_mismatch(t, out, all, n));
+    Bytes div = all, want(n * 2);
+    mccl::divide_by(div.data(), n, t, 3);
+    for (size_t i = 0; i < n; ++i) store_float(t, want, i, load_float(t, all, i) / 3.0);
+    size_t bad = first_mismatch(t, div, want, n);
+    CHECK_MSG(bad == n, "%s /3 at 0x%04zx: got %s want %s", mccl::dtype_name(t), bad, hex(t, div, bad).c_str(), hex(t, want, bad).c_str());
+  }
+}
+
+TEST(integers_wrap_around) {
+  auto run = [](DataType t, ReduceOp op, Bytes a, const Bytes& b, const Bytes& want) {
+    Bytes out(a.size());
+    size_t n = a.size() / mccl::dtype_size(t);
+    mccl::reduce3(out.data(), a.data(), b.data(), n, t, op);
+    mccl::reduce_into(a.data(), b.data(), n, t, op);
+    CHECK_MSG(out == want && a == want, "%s %s", mccl::dtype_name(t), mccl::op_name(op));
+  };
+  const int64_t i64min = std::numeric_limits<int64_t>::min(), i64max = std::numeric_limits<int64_t>::max();
+  const int32_t i32min = std::numeric_limits<int32_t>::min(), i32max = std::numeric_limits<int32_t>::max();
+  run(DataType::kInt8, ReduceOp::kSum, typed<int8_t>({127, -128, 100}), typed<int8_t>({1, -1, 100}), typed<int8_t>({-128, 127, -56}));
+  run(DataType::kUInt8, ReduceOp::kSum, typed<uint8_t>({255, 200}), typed<uint8_t>({1, 100}), typed<uint8_t>({0, 44}));
+  run(DataType::kInt32, ReduceOp::kSum, typed<int32_t>({i32max, i32min}), typed<int32_t>({1, -1}), typed<int32_t>({i32min, i32max}));
+  run(DataType::kInt64, ReduceOp::kSum, typed<int64_t>({i64max, i64min}), typed<int64_t>({1, -1}), typed<int64_t>({i64min, i64max}));
+  run(DataType::kInt8, ReduceOp::kProduct, typed<int8_t>({16, -128, 127}), typed<int8_t>({16, -1, 127}), typed<int8_t>({0, -128, 1}));
+  run(DataType::kUInt8, ReduceOp::kProduct, typed<uint8_t>({255, 16}), typed<uint8_t>({255, 16}), typed<uint8_t>({1, 0}));
+  run(DataType::kInt32, ReduceOp::kProduct, typed<int32_t>({65536, i32min}), typed<int32_t>({65536, -1}), typed<int32_t>({0, i32min}));
+  run(DataType::kInt64, ReduceOp::kProduct, typed<int64_t>({i64min, int64_t(1) << 32}), typed<int64_t>({-1, int64_t(1) << 32}),
+      typed<int64_t>({i64min, 0}));
+}
+
+TEST(bool_outputs_are_zero_or_one) {
+  Bytes a = {0, 2, 255, 1, 0}, b = {0, 0, 3, 128, 7};
+  struct Want { ReduceOp op; Bytes v; };
+  const Want wants[] = {{ReduceOp::kSum, {0, 1, 1, 1, 1}},     {ReduceOp::kMax, {0, 1, 1, 1, 1}},
+                        {ReduceOp::kBor, {0, 1, 1, 1, 1}},     {ReduceOp::kProduct, {0, 0, 1, 1, 0}},
+                        {ReduceOp::kMin, {0, 0, 1, 1, 0}},     {ReduceOp::kBand, {0, 0, 1, 1, 0}},
+                        {ReduceOp::kBxor, {0, 1, 0, 0, 1}}};
+  for (const Want& w : wants) {
+    Bytes out(5), into = a;
+    mccl::reduce3(out.data(), a.data(), b.data(), 5, DataType::kBool, w.op);
+    mccl::reduce_into(into.data(), b.data(), 5, DataType::kBool, w.op);
+    CHECK_MSG(out == w.v && into == w.v, "bool %s", mccl::op_name(w.op));
+  }
+}
+
+TEST(divide_by_every_type) {
+  std::mt19937_64 rng(3);
+  for (DataType t : kAllTypes) {
+    if (t == DataType::kBool) continue;
+    for (int64_t d : {int64_t(1), int64_t(2), int64_t(3), int64_t(7), int64_t(1000)}) {
+      for (size_t n : {size_t(0), size_t(1), size_t(33), (size_t(1) << 20) + 5}) {
+        Bytes buf = random_buffer(t, n, rng), want(buf.size());
+        for (size_t i = 0; i < n; ++i) {
+          if (mccl::is_floating(t)) store_float(t, want, i, load_float(t, buf, i) / double(d));
+          else store_int(t, want, i, load_int(t, buf, i) / d);  // C++ division truncates toward zero
+        }
+        mccl::divide_by(buf.data(), n, t, d);
+        size_t bad = first_mismatch(t, buf, want, n);
+        CHECK_MSG(bad == n, "%s / %lld n=%zu at %zu: got %s want %s", mccl::dtype_name(t), (long long)d, n, bad,
+                  hex(t, buf, bad).c_str(), hex(t, want, bad).c_str());
+      }
+    }
+  }
+  Bytes ints = typed<int32_t>({-7, 7, -1, 1});
+  mccl::divide_by(ints.data(), 4, DataType::kInt32, 2);
+  CHECK(ints == typed<int32_t>({-3, 3, 0, 0}));
+  Bytes fl = typed<float>({1.0f, -3.0f});
+  mccl::divide_by(fl.data(), 2, DataType::kFloat32, 4);
+  CHECK(fl == typed<float>({0.25f, -0.75f}));
+  expect_invalid([&] { mccl::divide_by(fl.data(), 2, DataType::kBool, 2); }, {"avg", "bool"}, "divide bool");
+  expect_invalid([&] { mccl::divide_by(fl.data(), 2, DataType::kFloat32, 0); }, {"divisor"}, "divide by 0");
+  expect_invalid([&] { mccl::divide_by(fl.data(), 2, DataType::kFloat32, -2); }, {"divisor"}, "divide by -2");
+}
+
+TEST(op_supported_table) {
+  for (DataType t : kAllTypes) {
+    for (ReduceOp op : kAllOps) {
+      bool bitwise = op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
+      bool want = t == DataType::kBool ? op != ReduceOp::kAvg : mccl::is_floating(t) ? !bitwise : true;
+      CHECK_MSG(mccl::op_supported(t, op) == want, "%s %s", mccl::dtype_name(t), mccl::op_name(op));
+    }
+  }
+  CHECK(!mccl::op_supported(DataType(0), ReduceOp::kSum));
+  CHECK(!mccl::op_supported(DataType(42), ReduceOp::kSum));
+  CHECK(!mccl::op_supported(DataType::kFloat32, ReduceOp(0)));
+  CHECK(!mccl::op_supported(DataType::kInt32, ReduceOp(9)));
+}
+
+TEST(unsupported_pairs_throw_invalid_argument) {
+  float x[4] = {}, y[4] = {}, z[4] = {};
+  for (DataType t : kAllTypes) {
+    for (ReduceOp op : kAllOps) {
+      if (mccl::op_supported(t, op)) continue;
+      std::string label = std::string(mccl::dtype_name(t)) + "/" + mccl::op_name(op);
+      expect_invalid([&] { mccl::reduce_into(x, y, 1, t, op); }, {mccl::op_name(op), mccl::dtype_name(t)}, label.c_str());
+      expect_invalid([&] { mccl::reduce3(z, x, y, 1, t, op); }, {mccl::op_name(op), mccl::dtype_name(t)}, label.c_str());
+      expect_invalid([&] { mccl::reduce3(z, x, y, 0, t, op); }, {mccl::op_name(op), mccl::dtype_name(t)}, label.c_str());
+    }
+  }
+  expect_invalid([&] { mccl::reduce_into(x, y, 1, DataType(42), ReduceOp::kSum); }, {"sum"}, "bad dtype");
+  expect_invalid([&] { mccl::reduce_into(x, y, 1, DataType::kFloat32, ReduceOp(77)); }, {"float32"}, "bad op");
+  expect_invalid([&] { mccl::reduce_into(x, x + 1, 2, DataType::kFloat32, ReduceOp::kSum); }, {"overlap"}, "overlap");
+  expect_invalid([&] { mccl::reduce3(x + 1, x, y, 2, DataType::kFloat32, ReduceOp::kSum); }, {"overlap"}, "overlap3");
+  expect_invalid([&] { mccl::reduce_into(nullptr, y, 1, DataType::kFloat32, ReduceOp::kSum); }, {"null"}, "null");
+  mccl::reduce_into(nullptr, nullptr, 0, DataType::kFloat32, ReduceOp::kSum);  // empty: nothing to touch
+}
+
+TEST(concurrent_large_reductions) {
+  // Several communicator threads reducing large buffers at once: one gets the pool, the rest run inline.
+  const size_t n = (size_t(1) << 20) + 5;  // 4 MiB + 20 bytes of float32: above the threaded threshold
+  std::vector<std::thread> threads;
+  std::vector<int> ok(4, 0);
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&, k] {
+      std::vector<float> a(n), b(n);
+      for (size_t i = 0; i < n; ++i) a[i] = float(i % 1000) + k, b[i] = float(i % 7);
+      bool good = true;
+      for (int rep = 0; rep < 5; ++rep) {
+        std::vector<float> d = a;
+        mccl::reduce_into(d.data(), b.data(), n, DataType::kFloat32, ReduceOp::kSum);
+        for (size_t i = 0; i < n; ++i) good = good && d[i] == a[i] + b[i];
+      }
+      ok[k] = good;
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int k = 0; k < 4; ++k) CHECK_MSG(ok[k], "thread %d", k);
+}
+
+MCCL_TEST_MAIN

@@ -1,0 +1,329 @@
+"""Multi-process harness for the torch.distributed tests of the "mccl" backend.
+
+`run_ranks(fn, world_size)` starts one spawned process per rank, initialises the process group in each
+(TCP rendezvous on a free localhost port), runs `fn(rank, world_size, *args)`, destroys the group and
+hands back every rank's result. The parent owns the deadline: a rank that does not finish in time is
+killed and the call raises AssertionError naming it (and what it was doing, see `progress`), so a bug in
+the backend shows up as a test failure, never as a hung test run.
+
+The backend is chosen by the environment variable MCCL_TEST_BACKEND (default "mccl"); "gloo" runs the
+same tests against PyTorch's Gloo backend, which is how the tests themselves are validated.
+
+Results travel through a Pipe, so they must be picklable; torch tensors are converted to numpy arrays
+before they are sent (bfloat16 as float32, which is exact).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+DEFAULT_BACKEND = "mccl"
+# After one rank has failed, how long the others get to finish (they may be stuck in a collective with
+# the failed rank) before they are killed and the failure is reported.
+FAILURE_GRACE_S = 15.0
+# Between SIGTERM and SIGKILL.
+KILL_GRACE_S = 2.0
+
+
+def backend_name() -> str:
+    """The backend under test: $MCCL_TEST_BACKEND, default "mccl"."""
+    return os.environ.get("MCCL_TEST_BACKEND", DEFAULT_BACKEND).strip() or DEFAULT_BACKEND
+
+
+def is_gloo(backend: str | None = None) -> bool:
+    return (backend or backend_name()) == "gloo"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the small race is accepted)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Child side
+
+_progress_conn = None
+_progress_rank = None
+
+
+def progress(label: str) -> None:
+    """Tell the parent what this rank is doing now; named in the report if the rank hangs."""
+    if _progress_conn is not None:
+        try:
+            _progress_conn.send(("progress", str(label)))
+        except Exception:  # the parent is gone: nothing to report to
+            pass
+
+
+def init_method() -> str:
+    """The init_method of the current run (usable by `fn` when run_ranks(init=False))."""
+    return os.environ["MCCL_TEST_INIT_METHOD"]
+
+
+def to_plain(obj):
+    """Recursively replace torch tensors by numpy arrays so results pickle without shared memory."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu()
+        if t.dtype == torch.bfloat16:
+            t = t.to(torch.float32)
+        if t.is_sparse:
+            t = t.to_dense()
+        return t.numpy().copy()
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(to_plain(v) for v in obj)
+    return obj
+
+
+def _child_main(fn_ref, rank, world_size, backend, init_url, pg_timeout_s, init, args, conn):
+    global _progress_conn, _progress_rank
+    _progress_conn = conn
+    _progress_rank = rank
+    try:
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        if backend == "mccl":
+            import lightning_mccl  # noqa: F401  (registers the backend)
+        module_name, qualname = fn_ref
+        fn = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            fn = getattr(fn, part)
+        if init:
+            progress("init_process_group")
+            dist.init_process_group(
+                backend,
+                init_method=init_url,
+                rank=rank,
+                world_size=world_size,
+                timeout=timedelta(seconds=pg_timeout_s),
+            )
+        progress("fn")
+        result = fn(rank, world_size, *args)
+        if init and dist.is_initialized():
+            progress("destroy_process_group")
+            dist.destroy_process_group()
+        result = to_plain(result)
+        conn.send(("ok", result))
+    except BaseException:
+        text = traceback.format_exc()
+        try:
+            conn.send(("error", text))
+        except Exception:
+            sys.stderr.write(f"[rank {rank}] could not report its failure:\n{text}\n")
+        sys.stderr.flush()
+        # Do not run interpreter teardown (process-group destructors may block on dead peers); the
+        # failure itself has been reported above and the exit code says so too.
+        os._exit(1)
+    finally:
+        try:
+            conn.close()
+        except Exception:
+            pass
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Parent side
+
+
+def _kill(procs) -> None:
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        try:
+            os.kill(p.pid, signal.SIGTERM)
+        except (ProcessLookupError, TypeError):
+            pass
+    deadline = time.monotonic() + KILL_GRACE_S
+    for p in alive:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in alive:
+        if p.is_alive():
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, TypeError):
+                pass
+    for p in alive:
+        p.join(5.0)
+
+
+def run_ranks(
+    fn,
+    world_size: int,
+    *,
+    backend: str | None = None,
+    timeout: float = 120.0,
+    args: tuple = (),
+    env: dict | None = None,
+    ranks=None,
+    init: bool = True,
+    pg_timeout: float | None = None,
+) -> list:
+    """Run `fn(rank, world_size, *args)` in `world_size` spawned processes; return results by rank.
+
+    backend: default backend_name(). timeout: the parent's deadline for the whole run, in seconds.
+    env: extra environment variables for the children. ranks: start only these ranks (the others never
+    arrive; used to test rendezvous timeouts); the result list then has None for ranks not started.
+    init: False leaves init_process_group to `fn` (see init_method()). pg_timeout: the process group's
+    timeout (default: a little under `timeout`, so that a stuck collective raises inside the rank first).
+
+    Raises AssertionError with every failing rank's traceback, the exit code of a rank that died without
+    reporting, or the ranks that did not finish within `timeout` (after killing all of them).
+    """
+    backend = backend or backend_name()
+    if backend == "mccl" and importlib.util.find_spec("lightning_mccl") is None:
+        raise AssertionError(
+            "backend 'mccl' selected (MCCL_TEST_BACKEND) but the package lightning_mccl is not "
+            "importable; build/install it, or set MCCL_TEST_BACKEND=gloo to validate the tests"
+        )
+    if getattr(fn, "__module__", "__main__") == "__main__" or "<locals>" in fn.__qualname__:
+        raise ValueError("run_ranks needs a module-level function (it is imported by name in the children)")
+    if ranks is None:
+        ranks = list(range(world_size))
+    if pg_timeout is None:
+        pg_timeout = max(5.0, min(timeout * 0.75, timeout - 15.0))
+    port = free_port()
+    init_url = f"tcp://127.0.0.1:{port}"
+
+    child_env = {
+        "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "MCCL_TEST_INIT_METHOD": init_url,
+        "MCCL_TEST_BACKEND": backend,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "PYTHONPATH": os.pathsep.join([HERE] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
+    }
+    child_env.update({k: str(v) for k, v in (env or {}).items()})
+
+    ctx = mp.get_context("spawn")
+    fn_ref = (fn.__module__, fn.__qualname__)
+    procs: dict[int, mp.Process] = {}
+    conns: dict[int, mpc.Connection] = {}
+    saved = {k: os.environ.get(k) for k in child_env}
+    try:
+        os.environ.update(child_env)  # inherited by the spawned interpreters from their start
+        for rank in ranks:
+            recv_conn, send_conn = ctx.Pipe(duplex=False)
+            p = ctx.Process(
+                target=_child_main,
+                args=(fn_ref, rank, world_size, backend, init_url, pg_timeout, init, args, send_conn),
+                name=f"mccl-test-rank{rank}",
+                daemon=True,
+            )
+            p.start()
+            send_conn.close()
+            procs[rank] = p
+            conns[rank] = recv_conn
+    except BaseException:
+        _kill(list(procs.values()))
+        raise
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    start = time.monotonic()
+    deadline = start + timeout
+    results: dict[int, object] = {}
+    errors: dict[int, str] = {}
+    last_progress: dict[int, str] = {r: "starting" for r in ranks}
+    open_conns = dict(conns)
+    first_failure_at = None
+
+    try:
+        while True:
+            # A rank is finished once it reported and its process exited (or its pipe closed and it exited).
+            pending = [r for r in ranks if procs[r].exitcode is None or r in open_conns]
+            if not pending:
+                break
+            now = time.monotonic()
+            limit = deadline
+            if first_failure_at is not None:
+                limit = min(limit, first_failure_at + FAILURE_GRACE_S)
+            if now >= limit:
+                break
+            waitables = list(open_conns.values()) + [procs[r].sentinel for r in pending if procs[r].exitcode is None]
+            ready = mpc.wait(waitables, timeout=min(0.5, max(0.0, limit - now)))
+            for r, c in list(open_conns.items()):
+                if c not in ready:
+                    continue
+                try:
+                    while c.poll():
+                        kind, payload = c.recv()
+                        if kind == "progress":
+                            last_progress[r] = payload
+                        elif kind == "ok":
+                            results[r] = payload
+                            last_progress[r] = "reported its result"
+                        else:
+                            errors[r] = payload
+                            last_progress[r] = "reported an error"
+                            if first_failure_at is None:
+                                first_failure_at = time.monotonic()
+                except (EOFError, OSError):
+                    del open_conns[r]
+                    c.close()
+            for r in ranks:
+                p = procs[r]
+                if p.exitcode is not None and r not in results and r not in errors and r not in open_conns:
+                    if first_failure_at is None:
+                        first_failure_at = time.monotonic()
+            # a process that exited without closing the pipe cleanly: drain and close it
+            for r in list(open_conns):
+                if procs[r].exitcode is not None and not open_conns[r].poll():
+                    open_conns[r].close()
+                    del open_conns[r]
+    finally:
+        unfinished = [r for r in ranks if procs[r].exitcode is None]
+        _kill(list(procs.values()))
+        for c in open_conns.values():
+            c.close()
+
+    elapsed = time.monotonic() - start
+    problems = []
+    for r in ranks:
+        if r in errors:
+            problems.append(f"--- rank {r} raised:\n{errors[r].rstrip()}")
+    for r in ranks:
+        code = procs[r].exitcode
+        if r in unfinished:
+            state = "reported its result but did not exit" if r in results else f"last progress: {last_progress[r]!r}"
+            problems.append(f"--- rank {r} did not finish ({state}); killed")
+        elif r not in results and r not in errors:
+            problems.append(
+                f"--- rank {r} died without reporting a result (exit code {code}; last progress: {last_progress[r]!r})"
+            )
+        elif r in results and code != 0:
+            problems.append(f"--- rank {r} reported its result but then exited with code {code}")
+    if problems:
+        head = f"run_ranks({fn.__qualname__}, world_size={world_size}, backend={backend!r}) failed after {elapsed:.1f}s"
+        if unfinished:
+            hung_on_own = first_failure_at is None
+            why = f"the {timeout:.0f}s deadline" if hung_on_own else f"the {FAILURE_GRACE_S:.0f}s grace after another rank failed"
+            head += f"; ranks {unfinished} did not finish within {why}"
+        raise AssertionError(head + "\n" + "\n".join(problems))
+    return [results.get(r) for r in range(world_size)]
