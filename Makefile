@@ -7,7 +7,9 @@ PY := $(VENV)/bin/python
 # The torch to install into a fresh .venv. Macs: any torch >= 2.6 works (make TORCH_SPEC=torch).
 TORCH_SPEC ?= torch==2.14.1
 NPROC ?= 4
-CMAKE := $(VENV)/bin/cmake
+BIN := $(abspath $(VENV))/bin
+CMAKE := $(BIN)/cmake
+CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(BIN)/ninja -DMCCL_BUILD_TESTS=ON
 
 .PHONY: demo test test-engine test-sanitize test-tsan test-python build clean
 
@@ -25,21 +27,21 @@ demo: build
 	$(PY) examples/collective_check.py --nproc $(NPROC)
 
 test-engine: $(VENV)/.deps
-	$(CMAKE) -S . -B build/engine -G Ninja -DCMAKE_MAKE_PROGRAM=$(VENV)/bin/ninja -DMCCL_BUILD_TESTS=ON > /dev/null
+	$(CMAKE) -S . -B build/engine $(CMAKE_FLAGS) > /dev/null
 	$(CMAKE) --build build/engine
-	cd build/engine && ../../$(VENV)/bin/ctest --output-on-failure
+	$(BIN)/ctest --test-dir build/engine --output-on-failure
 
 test-sanitize: $(VENV)/.deps
-	$(CMAKE) -S . -B build/asan -G Ninja -DCMAKE_MAKE_PROGRAM=$(VENV)/bin/ninja -DMCCL_BUILD_TESTS=ON \
+	$(CMAKE) -S . -B build/asan $(CMAKE_FLAGS) \
 	  -DCMAKE_BUILD_TYPE=Debug -DMCCL_SANITIZE=address,undefined > /dev/null
 	$(CMAKE) --build build/asan
-	cd build/asan && ../../$(VENV)/bin/ctest --output-on-failure
+	$(BIN)/ctest --test-dir build/asan --output-on-failure
 
 test-tsan: $(VENV)/.deps
-	$(CMAKE) -S . -B build/tsan -G Ninja -DCMAKE_MAKE_PROGRAM=$(VENV)/bin/ninja -DMCCL_BUILD_TESTS=ON \
+	$(CMAKE) -S . -B build/tsan $(CMAKE_FLAGS) \
 	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMCCL_SANITIZE=thread > /dev/null
 	$(CMAKE) --build build/tsan
-	cd build/tsan && ../../$(VENV)/bin/ctest --output-on-failure
+	$(BIN)/ctest --test-dir build/tsan --output-on-failure
 
 test-python: build
 	$(PY) -m pytest tests -q

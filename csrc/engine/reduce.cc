@@ -129,7 +129,8 @@ struct Bool {  // bytes; any nonzero input counts as true, outputs are exactly 0
 // return a NaN operand if there is one (a bitwise | keeps the select branch-free).
 
 template <typename T>
-using Unsigned = typename std::conditional_t<std::is_integral_v<T>, std::make_unsigned<T>, std::common_type<T>>::type;
+using Unsigned =
+    typename std::conditional_t<std::is_integral_v<T>, std::make_unsigned<T>, std::common_type<T>>::type;
 
 template <typename T>
 struct Sum {
@@ -172,8 +173,8 @@ MCCL_TARGET_CLONES void kernel3(typename C::Storage* __restrict out, const typen
 
 // dst[i] = dst[i] OP src[i], or src[i] OP dst[i] when Swap (reduce3 with out == b keeps operand order).
 template <class C, class Op, bool Swap>
-MCCL_TARGET_CLONES void kernel_into(typename C::Storage* __restrict dst, const typename C::Storage* __restrict src,
-                                    size_t n) {
+MCCL_TARGET_CLONES void kernel_into(typename C::Storage* __restrict dst,
+                                    const typename C::Storage* __restrict src, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     auto d = C::load(dst[i]);
     auto s = C::load(src[i]);

@@ -6,7 +6,12 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "error.h"
 #include "reduce.h"
@@ -98,7 +103,7 @@ Reduction reduction_of(const c10d::ReduceOp& rop, const at::Tensor& t, const cha
     case c10d::ReduceOp::BOR: if (complex) fail("bor"); return {mccl::ReduceOp::kBor, std::nullopt};
     case c10d::ReduceOp::BXOR: if (complex) fail("bxor"); return {mccl::ReduceOp::kBxor, std::nullopt};
     case c10d::ReduceOp::PREMUL_SUM: {
-      auto supplement = c10::static_intrusive_pointer_cast<c10d::PreMulSumSupplement>(rop.supplement_);
+      auto supplement = c10::static_intrusive_pointer_cast<c10d::NCCLPreMulSumSupplement>(rop.supplement_);
       at::Tensor factor = supplement->tensor_factor.defined()
                               ? supplement->tensor_factor.to(at::kCPU)
                               : at::scalar_tensor(supplement->double_factor, at::kDouble);
@@ -203,6 +208,7 @@ bool WorkMCCL::wait(std::chrono::milliseconds timeout) {
     C10_THROW_ERROR(DistBackendError, c10::str("MCCL timeout: ", c10d::opTypeToString(opType_),
                                                " did not complete within ", limit.count(), " ms"));
   }
+  future_->wait();  // the completion pool finishes it right after the engine (copy-back included)
   if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
   return true;
 }
@@ -230,8 +236,54 @@ class StoreAdapter : public mccl::Store {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
-// Queues one engine operation for a WorkMCCL: on completion, copies staged outputs back to their
-// devices, then completes the Work's future.
+// Runs the completion of each WorkMCCL (copy-back to the device, then the Future, whose callbacks
+// run inline) off the engine's progress thread. A callback may itself issue a collective and wait
+// for it, as PowerSGD's hooks do; so a blocked task never stalls the others: when no worker is idle,
+// the pool starts another one (up to kMaxThreads). One pool per process, never torn down, so that a
+// process group destroyed from inside a callback does not join its own thread.
+class CompletionPool {
+ public:
+  static CompletionPool& instance() {
+    static auto* pool = new CompletionPool();
+    return *pool;
+  }
+
+  void post(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+    if (idle_ == 0 && threads_ < kMaxThreads) {
+      ++threads_;
+      std::thread([this] { work(); }).detach();
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  static constexpr int kMaxThreads = 64;
+
+  void work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      ++idle_;
+      cv_.wait(lock, [this] { return !tasks_.empty(); });
+      --idle_;
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  int idle_ = 0;
+  int threads_ = 0;
+};
+
+// Queues one engine operation for a WorkMCCL. When it ends, the completion pool copies staged outputs
+// back to their devices and completes the Work's future.
 template <typename Launch>
 c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs, Staging staging,
                                       std::chrono::milliseconds timeout, Launch&& start) {
@@ -239,15 +291,17 @@ c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor>
   WorkMCCL* raw = work.get();
   c10::raw::intrusive_ptr::incref(raw);  // the engine callback owns one reference until it runs
   mccl::Callback done = [raw, staging](std::exception_ptr error) {
-    auto owned = c10::intrusive_ptr<WorkMCCL>::reclaim(raw);
-    if (!error) {
-      try {
-        for (const auto& s : *staging) unstage(s);
-      } catch (...) {
-        error = std::current_exception();
+    CompletionPool::instance().post([raw, staging, error]() mutable {
+      auto owned = c10::intrusive_ptr<WorkMCCL>::reclaim(raw);
+      if (!error) {
+        try {
+          for (const auto& s : *staging) unstage(s);
+        } catch (...) {
+          error = std::current_exception();
+        }
       }
-    }
-    owned->complete(error);
+      owned->complete(error);
+    });
   };
   try {
     work->attach(start(std::move(done)));

@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
@@ -34,7 +36,9 @@ using Bytes = std::vector<unsigned char>;
 
 double fp16_to_double(uint16_t h) {
   int e = (h >> 10) & 31, m = h & 1023;
-  double v = e == 31 ? (m ? std::nan("") : INFINITY) : e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25);
+  double v = e == 31 ? (m ? std::nan("") : INFINITY)
+             : e == 0 ? std::ldexp(m, -24)            // subnormal: m * 2^-24
+                      : std::ldexp(1024 + m, e - 25);  // normal: 1.m * 2^(e-15)
   return (h & 0x8000) ? -v : v;
 }
 
@@ -243,7 +247,9 @@ void expect_invalid(F&& f, std::initializer_list<const char*> words, const char*
     CHECK_MSG(false, "%s: no exception", label);
   } catch (const mccl::Error& e) {
     CHECK_MSG(e.kind() == mccl::Error::Kind::kInvalidArgument, "%s: wrong kind: %s", label, e.what());
-    for (const char* w : words) CHECK_MSG(std::string(e.what()).find(w) != std::string::npos, "%s: '%s' not in: %s", label, w, e.what());
+    for (const char* w : words) {
+      CHECK_MSG(std::string(e.what()).find(w) != std::string::npos, "%s: '%s' not in: %s", label, w, e.what());
+    }
   }
 }
 
@@ -270,18 +276,22 @@ TEST(aliasing_out_equals_a_or_b_or_both) {
       for (size_t n : {size_t(37), (size_t(1) << 20) + 5}) {
         Bytes a = random_buffer(t, n, rng), b = random_buffer(t, n, rng);
         Bytes want = reference(t, op, a, b, n), want_self = reference(t, op, a, a, n);
+        auto expect = [&](const Bytes& got, const Bytes& ref, const char* what) {
+          CHECK_MSG(first_mismatch(t, got, ref, n) == n, "%s %s %s n=%zu", what, mccl::dtype_name(t),
+                    mccl::op_name(op), n);
+        };
         Bytes x = a;
-        mccl::reduce3(x.data(), x.data(), b.data(), n, t, op);  // out == a
-        CHECK_MSG(first_mismatch(t, x, want, n) == n, "out==a %s %s n=%zu", mccl::dtype_name(t), mccl::op_name(op), n);
+        mccl::reduce3(x.data(), x.data(), b.data(), n, t, op);
+        expect(x, want, "out==a");
         Bytes y = b;
-        mccl::reduce3(y.data(), a.data(), y.data(), n, t, op);  // out == b
-        CHECK_MSG(first_mismatch(t, y, want, n) == n, "out==b %s %s n=%zu", mccl::dtype_name(t), mccl::op_name(op), n);
+        mccl::reduce3(y.data(), a.data(), y.data(), n, t, op);
+        expect(y, want, "out==b");
         Bytes z = a;
-        mccl::reduce3(z.data(), z.data(), z.data(), n, t, op);  // out == a == b
-        CHECK_MSG(first_mismatch(t, z, want_self, n) == n, "a op a %s %s n=%zu", mccl::dtype_name(t), mccl::op_name(op), n);
+        mccl::reduce3(z.data(), z.data(), z.data(), n, t, op);
+        expect(z, want_self, "out==a==b");
         Bytes w = a;
-        mccl::reduce_into(w.data(), w.data(), n, t, op);  // dst == src
-        CHECK_MSG(first_mismatch(t, w, want_self, n) == n, "into self %s %s n=%zu", mccl::dtype_name(t), mccl::op_name(op), n);
+        mccl::reduce_into(w.data(), w.data(), n, t, op);
+        expect(w, want_self, "reduce_into dst==src");
       }
     }
   }
@@ -310,11 +320,12 @@ TEST(unaligned_buffers) {
       Bytes a = random_buffer(t, n + off, rng), b = random_buffer(t, n + off, rng);
       Bytes want = reference(t, ReduceOp::kSum, a, b, n + off);
       Bytes out(a.size());
-      mccl::reduce3(out.data() + off * elem, a.data() + off * elem, b.data() + off * elem, n, t, ReduceOp::kSum);
-      mccl::reduce_into(a.data() + off * elem, b.data() + off * elem, n, t, ReduceOp::kSum);
-      auto tail = [&](const Bytes& x) { return Bytes(x.begin() + off * elem, x.end()); };
-      CHECK_MSG(first_mismatch(t, tail(out), tail(want), n) == n, "%s reduce3 offset %zu", mccl::dtype_name(t), off);
-      CHECK_MSG(first_mismatch(t, tail(a), tail(want), n) == n, "%s reduce_into offset %zu", mccl::dtype_name(t), off);
+      size_t skip = off * elem;
+      mccl::reduce3(out.data() + skip, a.data() + skip, b.data() + skip, n, t, ReduceOp::kSum);
+      mccl::reduce_into(a.data() + skip, b.data() + skip, n, t, ReduceOp::kSum);
+      auto tail = [&](const Bytes& x) { return Bytes(x.begin() + skip, x.end()); };
+      CHECK_MSG(first_mismatch(t, tail(out), tail(want), n) == n, "%s reduce3 +%zu", mccl::dtype_name(t), off);
+      CHECK_MSG(first_mismatch(t, tail(a), tail(want), n) == n, "%s reduce_into +%zu", mccl::dtype_name(t), off);
     }
   }
 }
@@ -332,8 +343,9 @@ TEST(nan_propagates_through_min_and_max) {
       mccl::reduce3(out.data(), a.data(), b.data(), n, t, op);
       mccl::reduce_into(into.data(), b.data(), n, t, op);
       for (size_t i = 0; i < n; ++i) {
-        CHECK_MSG(std::isnan(load_float(t, out, i)), "%s %s element %zu", mccl::dtype_name(t), mccl::op_name(op), i);
-        CHECK_MSG(std::isnan(load_float(t, into, i)), "%s %s element %zu", mccl::dtype_name(t), mccl::op_name(op), i);
+        const char* dt = mccl::dtype_name(t);
+        CHECK_MSG(std::isnan(load_float(t, out, i)), "reduce3 %s %s element %zu", dt, mccl::op_name(op), i);
+        CHECK_MSG(std::isnan(load_float(t, into, i)), "reduce_into %s %s element %zu", dt, mccl::op_name(op), i);
       }
     }
   }
@@ -352,7 +364,9 @@ TEST(bfloat16_rounds_ties_to_even_and_keeps_nan) {
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax}) {
     Bytes r(nans.size());
     mccl::reduce3(r.data(), nans.data(), ones.data(), 5, DataType::kBFloat16, op);
-    for (size_t i = 0; i < 5; ++i) CHECK_MSG(std::isnan(bf16_to_double(get<uint16_t>(r, i))), "op %s i %zu", mccl::op_name(op), i);
+    for (size_t i = 0; i < 5; ++i) {
+      CHECK_MSG(std::isnan(bf16_to_double(get<uint16_t>(r, i))), "op %s element %zu", mccl::op_name(op), i);
+    }
   }
   Bytes d = nans;
   mccl::divide_by(d.data(), 5, DataType::kBFloat16, 3);
@@ -390,12 +404,14 @@ TEST(half_types_exhaustive_identity_and_rounding) {
     uint16_t unit = t == DataType::kFloat16 ? 0x3C00 : 0x3F80;
     for (size_t i = 0; i < n; ++i) put<uint16_t>(all, i, uint16_t(i)), put<uint16_t>(one, i, unit);
     mccl::reduce3(out.data(), all.data(), one.data(), n, t, ReduceOp::kProduct);
-    CHECK_MSG(first_mismatch(t, out, all, n) == n, "%s identity at %zu", mccl::dtype_name(t), first_mismatch(t, out, all, n));
+    size_t bad = first_mismatch(t, out, all, n);
+    CHECK_MSG(bad == n, "%s x*1 at 0x%04zx: got %s", mccl::dtype_name(t), bad, hex(t, out, bad).c_str());
     Bytes div = all, want(n * 2);
     mccl::divide_by(div.data(), n, t, 3);
     for (size_t i = 0; i < n; ++i) store_float(t, want, i, load_float(t, all, i) / 3.0);
-    size_t bad = first_mismatch(t, div, want, n);
-    CHECK_MSG(bad == n, "%s /3 at 0x%04zx: got %s want %s", mccl::dtype_name(t), bad, hex(t, div, bad).c_str(), hex(t, want, bad).c_str());
+    bad = first_mismatch(t, div, want, n);
+    CHECK_MSG(bad == n, "%s /3 at 0x%04zx: got %s want %s", mccl::dtype_name(t), bad, hex(t, div, bad).c_str(),
+              hex(t, want, bad).c_str());
   }
 }
 
@@ -409,15 +425,20 @@ TEST(integers_wrap_around) {
   };
   const int64_t i64min = std::numeric_limits<int64_t>::min(), i64max = std::numeric_limits<int64_t>::max();
   const int32_t i32min = std::numeric_limits<int32_t>::min(), i32max = std::numeric_limits<int32_t>::max();
-  run(DataType::kInt8, ReduceOp::kSum, typed<int8_t>({127, -128, 100}), typed<int8_t>({1, -1, 100}), typed<int8_t>({-128, 127, -56}));
-  run(DataType::kUInt8, ReduceOp::kSum, typed<uint8_t>({255, 200}), typed<uint8_t>({1, 100}), typed<uint8_t>({0, 44}));
-  run(DataType::kInt32, ReduceOp::kSum, typed<int32_t>({i32max, i32min}), typed<int32_t>({1, -1}), typed<int32_t>({i32min, i32max}));
-  run(DataType::kInt64, ReduceOp::kSum, typed<int64_t>({i64max, i64min}), typed<int64_t>({1, -1}), typed<int64_t>({i64min, i64max}));
-  run(DataType::kInt8, ReduceOp::kProduct, typed<int8_t>({16, -128, 127}), typed<int8_t>({16, -1, 127}), typed<int8_t>({0, -128, 1}));
-  run(DataType::kUInt8, ReduceOp::kProduct, typed<uint8_t>({255, 16}), typed<uint8_t>({255, 16}), typed<uint8_t>({1, 0}));
-  run(DataType::kInt32, ReduceOp::kProduct, typed<int32_t>({65536, i32min}), typed<int32_t>({65536, -1}), typed<int32_t>({0, i32min}));
-  run(DataType::kInt64, ReduceOp::kProduct, typed<int64_t>({i64min, int64_t(1) << 32}), typed<int64_t>({-1, int64_t(1) << 32}),
-      typed<int64_t>({i64min, 0}));
+  using I8 = int8_t;
+  using U8 = uint8_t;
+  using I32 = int32_t;
+  using I64 = int64_t;
+  const ReduceOp sum = ReduceOp::kSum, prod = ReduceOp::kProduct;
+  run(DataType::kInt8, sum, typed<I8>({127, -128, 100}), typed<I8>({1, -1, 100}), typed<I8>({-128, 127, -56}));
+  run(DataType::kUInt8, sum, typed<U8>({255, 200}), typed<U8>({1, 100}), typed<U8>({0, 44}));
+  run(DataType::kInt32, sum, typed<I32>({i32max, i32min}), typed<I32>({1, -1}), typed<I32>({i32min, i32max}));
+  run(DataType::kInt64, sum, typed<I64>({i64max, i64min}), typed<I64>({1, -1}), typed<I64>({i64min, i64max}));
+  run(DataType::kInt8, prod, typed<I8>({16, -128, 127}), typed<I8>({16, -1, 127}), typed<I8>({0, -128, 1}));
+  run(DataType::kUInt8, prod, typed<U8>({255, 16}), typed<U8>({255, 16}), typed<U8>({1, 0}));
+  run(DataType::kInt32, prod, typed<I32>({65536, i32min}), typed<I32>({65536, -1}), typed<I32>({0, i32min}));
+  const I64 two32 = I64(1) << 32;
+  run(DataType::kInt64, prod, typed<I64>({i64min, two32}), typed<I64>({-1, two32}), typed<I64>({i64min, 0}));
 }
 
 TEST(bool_outputs_are_zero_or_one) {
@@ -484,17 +505,20 @@ TEST(unsupported_pairs_throw_invalid_argument) {
     for (ReduceOp op : kAllOps) {
       if (mccl::op_supported(t, op)) continue;
       std::string label = std::string(mccl::dtype_name(t)) + "/" + mccl::op_name(op);
-      expect_invalid([&] { mccl::reduce_into(x, y, 1, t, op); }, {mccl::op_name(op), mccl::dtype_name(t)}, label.c_str());
-      expect_invalid([&] { mccl::reduce3(z, x, y, 1, t, op); }, {mccl::op_name(op), mccl::dtype_name(t)}, label.c_str());
-      expect_invalid([&] { mccl::reduce3(z, x, y, 0, t, op); }, {mccl::op_name(op), mccl::dtype_name(t)}, label.c_str());
+      auto names = {mccl::op_name(op), mccl::dtype_name(t)};
+      expect_invalid([&] { mccl::reduce_into(x, y, 1, t, op); }, names, label.c_str());
+      expect_invalid([&] { mccl::reduce3(z, x, y, 1, t, op); }, names, label.c_str());
+      expect_invalid([&] { mccl::reduce3(z, x, y, 0, t, op); }, names, label.c_str());
     }
   }
-  expect_invalid([&] { mccl::reduce_into(x, y, 1, DataType(42), ReduceOp::kSum); }, {"sum"}, "bad dtype");
-  expect_invalid([&] { mccl::reduce_into(x, y, 1, DataType::kFloat32, ReduceOp(77)); }, {"float32"}, "bad op");
-  expect_invalid([&] { mccl::reduce_into(x, x + 1, 2, DataType::kFloat32, ReduceOp::kSum); }, {"overlap"}, "overlap");
-  expect_invalid([&] { mccl::reduce3(x + 1, x, y, 2, DataType::kFloat32, ReduceOp::kSum); }, {"overlap"}, "overlap3");
-  expect_invalid([&] { mccl::reduce_into(nullptr, y, 1, DataType::kFloat32, ReduceOp::kSum); }, {"null"}, "null");
-  mccl::reduce_into(nullptr, nullptr, 0, DataType::kFloat32, ReduceOp::kSum);  // empty: nothing to touch
+  const DataType f32 = DataType::kFloat32;
+  const ReduceOp sum = ReduceOp::kSum;
+  expect_invalid([&] { mccl::reduce_into(x, y, 1, DataType(42), sum); }, {"sum"}, "bad dtype");
+  expect_invalid([&] { mccl::reduce_into(x, y, 1, f32, ReduceOp(77)); }, {"float32"}, "bad op");
+  expect_invalid([&] { mccl::reduce_into(x, x + 1, 2, f32, sum); }, {"overlap"}, "partial overlap");
+  expect_invalid([&] { mccl::reduce3(x + 1, x, y, 2, f32, sum); }, {"overlap"}, "reduce3 partial overlap");
+  expect_invalid([&] { mccl::reduce_into(nullptr, y, 1, f32, sum); }, {"null"}, "null");
+  mccl::reduce_into(nullptr, nullptr, 0, f32, sum);  // empty: nothing to touch
 }
 
 TEST(concurrent_large_reductions) {

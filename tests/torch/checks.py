@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from harness import progress
+from harness import progress, report
 
 DTYPES = [
     torch.float32,
@@ -240,6 +240,7 @@ class Sweep:
         self.not_applicable: dict[str, str] = {}
         self.passed: dict[str, int] = {}
         self.digests: dict[str, str] = {}
+        self.stuck = False  # set by a case that finds the backend deadlocked: the run must stop
 
     def case(self, group, label, fn):
         progress(f"{group} {label}")
@@ -247,6 +248,7 @@ class Sweep:
             fn()
         except GlooGap as gap:
             self.skips.setdefault(group, []).append(f"{label}: {gap}")
+            report(("skip", group, label, str(gap)))
         except Exception as e:  # noqa: BLE001 - every failure is recorded and reported
             text = f"{type(e).__name__}: {e}"
             if not isinstance(e, AssertionError):
@@ -254,11 +256,14 @@ class Sweep:
             if len(text) > 1500:
                 text = text[:1500] + " ..."
             self.failures.setdefault(group, []).append(f"[rank {self.rank}] {label}: {text}")
+            report(("fail", group, label, f"[rank {self.rank}] {label}: {text}"))
         else:
             self.passed[group] = self.passed.get(group, 0) + 1
+            report(("pass", group, label, None))
 
     def na(self, group, reason):
         self.not_applicable[group] = reason
+        report(("na", group, None, reason))
 
     def gloo_gap(self, what, fn):
         """Run fn; if the backend is gloo and it raises, that is a known Gloo gap (skip), else re-raise."""
@@ -296,3 +301,18 @@ def work_or_clear_error(fn, keywords, what):
         if re.search(keywords, msg, re.I):
             return False
         raise AssertionError(f"{what}: neither worked nor raised a clear error (/{keywords}/): {type(e).__name__}: {msg[:400]}") from e
+
+
+def summary_from_reports(reports: list) -> dict:
+    """Rebuild Sweep.result() (without digests) from the partial reports one rank sent before a run failed."""
+    out = {"failures": {}, "skips": {}, "na": {}, "passed": {}, "digests": {}}
+    for outcome, group, label, text in reports:
+        if outcome == "pass":
+            out["passed"][group] = out["passed"].get(group, 0) + 1
+        elif outcome == "fail":
+            out["failures"].setdefault(group, []).append(text)
+        elif outcome == "skip":
+            out["skips"].setdefault(group, []).append(f"{label}: {text}")
+        elif outcome == "na":
+            out["na"][group] = text
+    return out

@@ -15,6 +15,7 @@ before they are sent (bfloat16 as float32, which is exact).
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import importlib.util
 import multiprocessing as mp
@@ -23,6 +24,7 @@ import os
 import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from datetime import timedelta
@@ -71,6 +73,13 @@ def progress(label: str) -> None:
             pass
 
 
+def report(obj) -> None:
+    """Send a partial result to the parent now. If the run later fails (a hang, a crash), the parent still
+    has every report made before that: RunFailed.reports[rank] lists them in order."""
+    if _progress_conn is not None:
+        _progress_conn.send(("report", to_plain(obj)))
+
+
 def init_method() -> str:
     """The init_method of the current run (usable by `fn` when run_ranks(init=False))."""
     return os.environ["MCCL_TEST_INIT_METHOD"]
@@ -95,17 +104,21 @@ def to_plain(obj):
     return obj
 
 
-def _child_main(fn_ref, rank, world_size, backend, init_url, pg_timeout_s, init, args, conn):
+def _child_main(fn_ref, rank, world_size, backend, init_url, pg_timeout_s, init, args, conn, stack_path):
     global _progress_conn, _progress_rank
     _progress_conn = conn
     _progress_rank = rank
+    # On SIGUSR1 (sent by the parent to a rank that missed the deadline) dump every thread's Python stack
+    # to a file the parent puts into its report.
+    stack_file = open(stack_path, "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     try:
         import torch
         import torch.distributed as dist
 
         torch.set_num_threads(1)
         if backend == "mccl":
-            import lightning_mccl  # noqa: F401  (registers the backend)
+            importlib.import_module("lightning_mccl")  # registers the backend
         module_name, qualname = fn_ref
         fn = importlib.import_module(module_name)
         for part in qualname.split("."):
@@ -167,6 +180,42 @@ def _kill(procs) -> None:
         p.join(5.0)
 
 
+class RunFailed(AssertionError):
+    """run_ranks failed. Besides the message: what each rank got to (results, errors by rank), the partial
+    reports each rank sent (see report()), each rank's last progress label, and the ranks that hung."""
+
+    def __init__(self, message, *, results, errors, reports, last_progress, unfinished):
+        super().__init__(message)
+        self.results = results
+        self.errors = errors
+        self.reports = reports
+        self.last_progress = last_progress
+        self.unfinished = unfinished
+
+
+def _dump_stacks(procs: dict, paths: dict) -> dict:
+    """Ask hung ranks for their Python stacks (SIGUSR1 -> faulthandler) and read them back."""
+    for p in procs.values():
+        try:
+            os.kill(p.pid, signal.SIGUSR1)
+        except (ProcessLookupError, TypeError):
+            pass
+    if procs:
+        time.sleep(1.0)
+    out = {}
+    for r in procs:
+        try:
+            with open(paths[r]) as f:
+                text = f.read().strip()
+        except OSError:
+            text = ""
+        lines = text.splitlines()
+        if len(lines) > 60:
+            lines = lines[:60] + [f"... ({len(lines) - 60} more lines)"]
+        out[r] = "\n".join("    " + line for line in lines) or "    (no stack was written)"
+    return out
+
+
 def run_ranks(
     fn,
     world_size: int,
@@ -222,13 +271,16 @@ def run_ranks(
     procs: dict[int, mp.Process] = {}
     conns: dict[int, mpc.Connection] = {}
     saved = {k: os.environ.get(k) for k in child_env}
+    stack_dir = tempfile.TemporaryDirectory(prefix="mccl-test-stacks-")
+    stack_paths: dict[int, str] = {}
     try:
         os.environ.update(child_env)  # inherited by the spawned interpreters from their start
         for rank in ranks:
             recv_conn, send_conn = ctx.Pipe(duplex=False)
+            stack_paths[rank] = os.path.join(stack_dir.name, f"rank{rank}.stack")
             p = ctx.Process(
                 target=_child_main,
-                args=(fn_ref, rank, world_size, backend, init_url, pg_timeout, init, args, send_conn),
+                args=(fn_ref, rank, world_size, backend, init_url, pg_timeout, init, args, send_conn, stack_paths[rank]),
                 name=f"mccl-test-rank{rank}",
                 daemon=True,
             )
@@ -238,6 +290,7 @@ def run_ranks(
             conns[rank] = recv_conn
     except BaseException:
         _kill(list(procs.values()))
+        stack_dir.cleanup()
         raise
     finally:
         for k, v in saved.items():
@@ -250,6 +303,7 @@ def run_ranks(
     deadline = start + timeout
     results: dict[int, object] = {}
     errors: dict[int, str] = {}
+    reports: dict[int, list] = {r: [] for r in ranks}
     last_progress: dict[int, str] = {r: "starting" for r in ranks}
     open_conns = dict(conns)
     first_failure_at = None
@@ -276,6 +330,8 @@ def run_ranks(
                         kind, payload = c.recv()
                         if kind == "progress":
                             last_progress[r] = payload
+                        elif kind == "report":
+                            reports[r].append(payload)
                         elif kind == "ok":
                             results[r] = payload
                             last_progress[r] = "reported its result"
@@ -299,9 +355,11 @@ def run_ranks(
                     del open_conns[r]
     finally:
         unfinished = [r for r in ranks if procs[r].exitcode is None]
+        stacks = _dump_stacks({r: procs[r] for r in unfinished}, stack_paths)
         _kill(list(procs.values()))
         for c in open_conns.values():
             c.close()
+        stack_dir.cleanup()
 
     elapsed = time.monotonic() - start
     problems = []
@@ -312,7 +370,7 @@ def run_ranks(
         code = procs[r].exitcode
         if r in unfinished:
             state = "reported its result but did not exit" if r in results else f"last progress: {last_progress[r]!r}"
-            problems.append(f"--- rank {r} did not finish ({state}); killed")
+            problems.append(f"--- rank {r} did not finish ({state}); killed. Its Python stacks:\n{stacks.get(r, '(none)')}")
         elif r not in results and r not in errors:
             problems.append(
                 f"--- rank {r} died without reporting a result (exit code {code}; last progress: {last_progress[r]!r})"
@@ -325,5 +383,6 @@ def run_ranks(
             hung_on_own = first_failure_at is None
             why = f"the {timeout:.0f}s deadline" if hung_on_own else f"the {FAILURE_GRACE_S:.0f}s grace after another rank failed"
             head += f"; ranks {unfinished} did not finish within {why}"
-        raise AssertionError(head + "\n" + "\n".join(problems))
+        raise RunFailed(head + "\n" + "\n".join(problems), results=results, errors=errors, reports=reports,
+                        last_progress=last_progress, unfinished=unfinished)
     return [results.get(r) for r in range(world_size)]

@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from checks import (BASIC_OPS, BIT_OPS, DTYPES, FLOATS, INTS, GlooGap, Sweep, all_inputs, check_tensor, counts,
-                    digest, dname, gen, make_avg_divisible, op_kind, reduce_ref, rop, sentinel_like, tolerance,
+                    digest, dname, gen, make_avg_divisible, summary_from_reports, op_kind, reduce_ref, rop, sentinel_like, tolerance,
                     work_or_clear_error)
-from harness import backend_name, progress, run_ranks
+from harness import RunFailed, backend_name, progress, report, run_ranks
 
 WORLD_SIZES = [1, 2, 3, 4, 6]
 
@@ -52,13 +52,15 @@ GROUPS = [
     "subgroups",
     "objects",
     "non_contiguous",
+    "async.collective_in_callback",
 ]
 
 
 LARGE_N = 2**21 + 7  # ~2M float32 (8 MiB), odd so no chunking divides it evenly
 
-RUN_TIMEOUT_S = 200.0
-PG_TIMEOUT_S = 60.0
+RUN_TIMEOUT_S = 150.0
+PG_TIMEOUT_S = 45.0
+CALLBACK_DEADLINE_S = 15.0
 
 
 
@@ -665,27 +667,77 @@ def sweep_non_contiguous(s: Sweep):
     s.case("non_contiguous", "broadcast transposed view", run_bc_t)
 
 
+def sweep_callback_collective(s: Sweep):
+    """A collective issued and waited on inside a future callback (what DDP's powerSGD_hook does)."""
+    rank, ws = s.rank, s.ws
+
+    def run():
+        # the first all_reduce is large so that then() is attached before it completes: the callback
+        # then runs wherever the backend completes futures, not inline in this thread
+        first = torch.full((1 << 20,), float(rank + 1))
+        second = torch.full((7,), float(10 * (rank + 1)))
+
+        def callback(fut):
+            # runs when the first all_reduce completes, possibly on the backend's own thread
+            inner = dist.all_reduce(second, async_op=True).get_future()
+            return inner.wait()[0] * 2
+
+        chained = dist.all_reduce(first, async_op=True).get_future().then(callback)
+        deadline = time.monotonic() + CALLBACK_DEADLINE_S
+        while not chained.done():
+            if time.monotonic() > deadline:
+                s.stuck = True
+                raise AssertionError(
+                    f"deadlock: the chained future is not done after {CALLBACK_DEADLINE_S:.0f}s; a collective "
+                    "issued and waited on inside a Future.then() callback never completes (the callback "
+                    "probably runs on the backend's only worker thread and blocks it). DDP's powerSGD_hook "
+                    "does exactly this.")
+            time.sleep(0.005)
+        value = chained.wait()
+        total = ws * (ws + 1) / 2
+        check_tensor(first, np.full(1 << 20, total), torch.float32, (1 << 20,), what="first all_reduce")
+        check_tensor(second, np.full(7, 10 * total), torch.float32, (7,), what="all_reduce issued in the callback")
+        check_tensor(value, np.full(7, 20 * total), torch.float32, (7,), what="callback's value")
+
+    s.case("async.collective_in_callback", "all_reduce(...).get_future().wait() inside a then() callback", run)
+
+
+# (sweep, the groups it covers), in run order; hang-prone cases last
+SWEEPS = [
+    (sweep_all_reduce, ["all_reduce.sum", "all_reduce.avg", "all_reduce.product", "all_reduce.min_max",
+                        "all_reduce.bitwise"]),
+    (sweep_wraparound, ["all_reduce.int_wraparound"]),
+    (sweep_broadcast, ["broadcast"]),
+    (sweep_reduce, ["reduce"]),
+    (sweep_all_gather, ["all_gather", "all_gather_into_tensor"]),
+    (sweep_reduce_scatter, ["reduce_scatter", "reduce_scatter_tensor"]),
+    (sweep_all_to_all, ["all_to_all", "all_to_all_single"]),
+    (sweep_gather_scatter, ["gather", "scatter"]),
+    (sweep_barrier, ["barrier"]),
+    (sweep_p2p, ["send_recv", "recv_any_source"]),
+    (sweep_subgroups, ["subgroups"]),
+    (sweep_objects, ["objects"]),
+    (sweep_non_contiguous, ["non_contiguous"]),
+    (sweep_large, ["all_reduce.large"]),
+    (sweep_async, ["async"]),
+    (sweep_callback_collective, ["async.collective_in_callback"]),
+]
+assert sorted(g for _, gs in SWEEPS for g in gs) == sorted(GROUPS)
+
+
 def collectives_worker(rank, ws):
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=UserWarning)
     s = Sweep(rank, ws, dist.get_backend())
     if dist.get_backend() != backend_name():
         raise AssertionError(f"process group backend is {dist.get_backend()!r}, expected {backend_name()!r}")
-    sweep_all_reduce(s)
-    sweep_wraparound(s)
-    sweep_broadcast(s)
-    sweep_reduce(s)
-    sweep_all_gather(s)
-    sweep_reduce_scatter(s)
-    sweep_all_to_all(s)
-    sweep_gather_scatter(s)
-    sweep_barrier(s)
-    sweep_p2p(s)
-    sweep_async(s)
-    sweep_subgroups(s)
-    sweep_objects(s)
-    sweep_non_contiguous(s)
-    sweep_large(s)
+    for sweep, groups in SWEEPS:
+        sweep(s)
+        for g in groups:
+            report(("done", g, None, None))
+        if s.stuck:
+            # every case so far is reported; the backend cannot be used any more (not even for destroy)
+            raise AssertionError(f"stopping after {sweep.__name__}: the backend is stuck (see its failures)")
     progress("final barrier")
     dist.barrier()
     return s.result()
@@ -711,15 +763,28 @@ def _run(ws):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_collective(world_size, group):
     got = _run(world_size)
-    if isinstance(got, AssertionError):
+    run_problem = None
+    if isinstance(got, RunFailed):
+        # the run hung or crashed: judge the groups it finished from the reports sent before that
+        results = [summary_from_reports(got.reports.get(r, [])) for r in range(world_size)]
+        done = all(("done", group, None, None) in got.reports.get(r, []) for r in range(world_size))
+        if not done:
+            run_problem = str(got)
+    elif isinstance(got, AssertionError):
         pytest.fail(f"the world_size={world_size} run did not complete:\n{got}", pytrace=False)
-    results, _elapsed = got
+    else:
+        results, _elapsed = got
     failures = [f for r in results for f in r["failures"].get(group, [])]
+    if run_problem is not None:
+        where = {r: got.last_progress.get(r) for r in range(world_size)}
+        reached = any(r["passed"].get(group) or r["failures"].get(group) or r["skips"].get(group) for r in results)
+        state = "was running this group when" if reached else "never reached this group:"
+        pytest.fail(f"the world_size={world_size} run {state} it failed (last progress by rank: {where}).\n"
+                    + ("Failures recorded before that:\n" + "\n".join(failures) + "\n" if failures else "")
+                    + run_problem, pytrace=False)
     # all_reduce and friends: every rank must hold the very same bytes
     if group.startswith("all_reduce"):
         for label in sorted(results[0]["digests"]):
-            if not any(label.startswith(g) for g in ("all_reduce",)):
-                continue
             ds = [r["digests"].get(label) for r in results]
             if all(d is not None for d in ds) and len(set(ds)) > 1 and _group_of(label) == group:
                 failures.append(f"{label}: ranks hold different bytes after all_reduce: {ds}")

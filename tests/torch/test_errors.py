@@ -265,7 +265,7 @@ def bad_arguments_worker(rank, ws):
     def ag_list_len():
         outs = [torch.zeros(2) for _ in range(ws + 1)]
         expect_error(lambda: dist.all_gather(outs, torch.ones(2)), "all_gather with ws+1 outputs",
-                     r"length|size|count|world|expected|number")
+                     r"length|size|count|world|expected|number|list", rf"\b{ws}\b|world")
 
     case("bad_sizes", "all_gather output list of world_size+1 tensors", ag_list_len)
 
@@ -359,12 +359,25 @@ def mismatch_worker(rank, ws, scenario):
         else:
             raise ValueError(scenario)
     except Exception as e:  # noqa: BLE001 - the point of the test
-        return ("raised", time.monotonic() - t0, type(e).__name__, str(e), isinstance(e, ERROR_TYPES))
-    return ("returned", time.monotonic() - t0, None, None, None)
+        outcome = ("raised", time.monotonic() - t0, type(e).__name__, str(e), isinstance(e, ERROR_TYPES))
+    else:
+        outcome = ("returned", time.monotonic() - t0, None, None, None)
+    # Stay alive until every rank is out of its call: a rank that exits early would close its connections
+    # and its peers would only ever see "connection closed", not the mismatch itself.
+    store = dist.distributed_c10d._get_default_store()
+    wait = timedelta(seconds=MISMATCH_PG_TIMEOUT_S + 15)
+    store.set(f"mismatch_test/{scenario}/out/{rank}", "1")
+    store.wait([f"mismatch_test/{scenario}/out/{r}" for r in range(ws)], wait)
+    # rank 0 hosts the store: it leaves last, so nobody's wait above loses its server
+    store.set(f"mismatch_test/{scenario}/left/{rank}", "1")
+    if rank == 0:
+        store.wait([f"mismatch_test/{scenario}/left/{r}" for r in range(ws)], wait)
+    return outcome
 
 
-def _check_mismatch(results, every, some):
-    """every: regexes each rank's message must match; some: (description, [regexes]) one rank must match all of."""
+def _check_mismatch(results, detector_patterns, every=(r"mismatch|connection|closed|abort|lost", r"rank\s*\d")):
+    """Every rank raised in time with a message naming a cause and a peer (`every`), and at least one rank
+    (the one that detected it) describes the mismatch completely: it matches all `detector_patterns`."""
     problems = []
     for r, (outcome, secs, etype, msg, ok_type) in enumerate(results):
         if outcome != "raised":
@@ -377,21 +390,22 @@ def _check_mismatch(results, every, some):
         missing = [p for p in every if not re.search(p, msg, re.I)]
         if missing:
             problems.append(f"rank {r}'s message lacks {missing}: {etype}: {msg[:500]}")
-    for what, pats in some:
-        if not any(res[3] and all(re.search(p, res[3], re.I) for p in pats) for res in results):
-            problems.append(f"no rank's message names {what} ({pats}); messages: " +
-                            " | ".join(f"rank {r}: {res[3] and res[3][:300]!r}" for r, res in enumerate(results)))
+    if detector_patterns and not any(
+        res[3] and all(re.search(p, res[3], re.I) for p in detector_patterns) for res in results
+    ):
+        problems.append(f"no rank's message describes the mismatch completely ({detector_patterns})")
+    messages = "\n".join(f"  rank {r} ({res[1]:.2f}s): {res[2]}: {(res[3] or '')[:400]}" for r, res in enumerate(results))
+    print("messages:\n" + messages)
     if problems:
-        pytest.fail("\n".join(problems), pytrace=False)
+        pytest.fail("\n".join(problems) + "\nmessages:\n" + messages, pytrace=False)
 
 
 def test_mismatched_sizes():
     if backend_name() == "gloo":
         pytest.skip("gloo aborts the process (SIGABRT, 'Received data size doesn't match expected size') on mismatched sizes")
     res = run_ranks(mismatch_worker, 2, args=("sizes",), timeout=MISMATCH_PG_TIMEOUT_S + 40, pg_timeout=MISMATCH_PG_TIMEOUT_S)
-    _check_mismatch(res, [r"mismatch", r"all_?reduce"],
-                    [("both element counts (10 and 12, or 40 and 48 bytes)", [r"\b(10|40)\b", r"\b(12|48)\b"]),
-                     ("both ranks", [r"rank\s*0", r"rank\s*1"])])
+    # element counts 10 and 12 (or 40 and 48 bytes)
+    _check_mismatch(res, [r"mismatch", r"all_?reduce", r"\b(10|40)\b", r"\b(12|48)\b", r"rank\s*0", r"rank\s*1"])
 
 
 def test_mismatched_collectives():
@@ -400,17 +414,16 @@ def test_mismatched_collectives():
     res = run_ranks(mismatch_worker, 2, args=("collectives",), timeout=pg_timeout + 40, pg_timeout=pg_timeout)
     if gloo:
         # Gloo does not detect the mismatch; both ranks must still raise (a timeout), never hang
-        _check_mismatch(res, [r"time"], [])
+        _check_mismatch(res, [], every=[r"time"])
         return
-    _check_mismatch(res, [r"mismatch", r"all_?reduce", r"broadcast"], [("both ranks", [r"rank\s*0", r"rank\s*1"])])
+    _check_mismatch(res, [r"mismatch", r"all_?reduce", r"broadcast", r"rank\s*0", r"rank\s*1"])
 
 
 def test_mismatched_dtypes():
     if backend_name() == "gloo":
         pytest.skip("gloo aborts the process (SIGABRT) on mismatched dtypes")
     res = run_ranks(mismatch_worker, 2, args=("dtypes",), timeout=MISMATCH_PG_TIMEOUT_S + 40, pg_timeout=MISMATCH_PG_TIMEOUT_S)
-    _check_mismatch(res, [r"mismatch", r"all_?reduce"],
-                    [("both dtypes", [r"float32|\bfloat\b", r"float64|double"]), ("both ranks", [r"rank\s*0", r"rank\s*1"])])
+    _check_mismatch(res, [r"mismatch", r"all_?reduce", r"float32|\bfloat\b", r"float64|double", r"rank\s*0", r"rank\s*1"])
 
 
 # ----------------------------------------------------------------------------------------------------------
