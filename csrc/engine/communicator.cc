@@ -187,8 +187,9 @@ WorkPtr Communicator::post_p2p(bool is_send, void* buf, size_t count, DataType d
   auto command = [this, is_send, buf, bytes, peer, h, work] {
     auto on_done = [work](const Request& r, std::exception_ptr error) { work->finish(error, r.source); };
     try {
-      if (is_send) transport_->post_send(peer, h, buf, bytes, on_done);
-      else transport_->post_recv(peer, h, buf, bytes, on_done);
+      RequestPtr request = is_send ? transport_->post_send(peer, h, buf, bytes, on_done)
+                                   : transport_->post_recv(peer, h, buf, bytes, on_done);
+      if (!request->done) p2p_pending_.push_back({Clock::now() + timeout_, request});
     } catch (...) {
       if (!work->completed()) work->finish(std::current_exception());
     }
@@ -242,7 +243,8 @@ void Communicator::run() {
       continue;
     }
     try {
-      transport_->progress(-1);
+      transport_->progress(p2p_poll_timeout_ms());
+      check_p2p_deadlines();
     } catch (...) {
       transport_->fail(std::current_exception());
       std::lock_guard<std::mutex> lock(mu_);
@@ -252,6 +254,28 @@ void Communicator::run() {
   // Whatever is still posted (receives nobody sent) fails now rather than never.
   transport_->fail(std::make_exception_ptr(
       Error(Error::Kind::kAborted, "MCCL aborted: rank " + std::to_string(rank_) + "'s communicator was shut down")));
+}
+
+// Point-to-point operations have no collective around them to carry a deadline, so the progress
+// thread keeps theirs: poll() wakes up for the nearest one, and an expired one is a fatal timeout.
+int Communicator::p2p_poll_timeout_ms() {
+  p2p_pending_.remove_if([](const PendingP2P& p) { return p.request->done; });
+  if (p2p_pending_.empty()) return -1;
+  Deadline nearest = p2p_pending_.front().deadline;
+  for (const auto& p : p2p_pending_) nearest = std::min(nearest, p.deadline);
+  return std::max(1, ms_until(nearest, 60 * 1000));
+}
+
+void Communicator::check_p2p_deadlines() {
+  const auto now = Clock::now();
+  for (const auto& p : p2p_pending_) {
+    if (p.request->done || p.deadline > now) continue;
+    const Request& r = *p.request;
+    std::string peer = r.peer == kAnySource ? std::string("any rank") : transport_->peer_name(r.peer);
+    fail(Error::Kind::kTimeout, "rank ", rank_, " timed out after ", timeout_.count(), " ms in ",
+         r.type == Request::Type::kSend ? "send to " : "recv from ", peer, " (tag ", r.header.seq,
+         "): the peer never posted the matching ", r.type == Request::Type::kSend ? "recv" : "send");
+  }
 }
 
 void Communicator::drain_commands_after_failure() {

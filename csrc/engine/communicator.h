@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -90,6 +91,8 @@ class Communicator {
   void stop(bool abort);
   void drain_commands();
   void drain_commands_after_failure();
+  int p2p_poll_timeout_ms();
+  void check_p2p_deadlines();
 
   const Config config_;
   int rank_;
@@ -108,6 +111,11 @@ class Communicator {
   bool abort_requested_ = false;
   std::exception_ptr error_;                         // mirror of the transport's fatal error, for callers
   uint64_t next_seq_ = 0;
+  struct PendingP2P {
+    Deadline deadline;
+    RequestPtr request;
+  };
+  std::list<PendingP2P> p2p_pending_;                // progress thread only
   std::thread thread_;
 };
 

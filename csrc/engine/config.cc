@@ -44,6 +44,7 @@ Config Config::from_env() {
   }
   c.rd_max_bytes = env_bytes("MCCL_RD_MAX_BYTES", c.rd_max_bytes, 0);
   c.chunk_bytes = env_bytes("MCCL_CHUNK_BYTES", c.chunk_bytes, 8);
+  c.ring_lookahead_bytes = env_bytes("MCCL_RING_LOOKAHEAD_BYTES", c.ring_lookahead_bytes, 0);
   c.socket_buffer_bytes = env_bytes("MCCL_SOCKET_BUFFER_BYTES", c.socket_buffer_bytes, 0);
   c.max_message_bytes = env_bytes("MCCL_MAX_MESSAGE_BYTES", c.max_message_bytes, 1024);
   if (const char* v = env("MCCL_DEBUG")) {

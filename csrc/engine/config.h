@@ -20,6 +20,9 @@ struct Config {
   size_t rd_max_bytes = 64 * 1024;
   // MCCL_CHUNK_BYTES: pipelining granularity of the ring (each ring step moves its segment in such pieces).
   size_t chunk_bytes = 512 * 1024;
+  // MCCL_RING_LOOKAHEAD_BYTES: scratch memory the ring reduce-scatter may use to post receives for
+  // later steps early (at least a double buffer is always used).
+  size_t ring_lookahead_bytes = size_t(64) << 20;
   // MCCL_SOCKET_BUFFER_BYTES: SO_SNDBUF / SO_RCVBUF for data connections; 0 keeps the OS default (autotuning).
   size_t socket_buffer_bytes = 0;
   // MCCL_MAX_MESSAGE_BYTES: largest frame payload accepted from a peer before any allocation.

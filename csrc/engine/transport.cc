@@ -121,8 +121,9 @@ RequestPtr Transport::post_recv(int peer, const FrameHeader& expected, void* dat
   for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
     if (!matches(*request, it->source, it->header)) continue;
     validate_match(*request, it->header, it->source);
-    if (length > 0) std::memcpy(request->data, it->data.data(), length);
+    if (length > 0) std::memcpy(request->data, it->buffer.data(), length);
     request->source = it->source;
+    recycle(std::move(it->buffer));
     unexpected_.erase(it);
     complete(request);
     return request;
@@ -289,7 +290,7 @@ void Transport::read_ready(Pair& pair) {
       if (fatal_) return;
       continue;
     }
-    char* dest = pair.target ? pair.target->data : pair.stash.data.data();
+    char* dest = pair.target ? pair.target->data : pair.stash.buffer.data();
     size_t want = pair.header.length - pair.payload_got;
     size_t n = pair.sock.recv_some(dest + pair.payload_got, want);
     if (n == 0) return;
@@ -333,7 +334,7 @@ void Transport::on_header(Pair& pair) {
   if (!pair.target) {
     pair.stash.source = pair.rank;
     pair.stash.header = h;
-    pair.stash.data.resize(h.length);
+    pair.stash.buffer = take_buffer(h.length);
   }
   if (h.length > 0) {
     pair.in_payload = true;
@@ -349,6 +350,27 @@ void Transport::on_header(Pair& pair) {
 }
 
 void Transport::finish_recv(const RequestPtr& request) { complete(request); }
+
+Transport::Buffer Transport::take_buffer(size_t size) {
+  for (auto it = spare_buffers_.begin(); it != spare_buffers_.end(); ++it) {
+    if (it->capacity >= size) {
+      Buffer found = std::move(*it);
+      spare_buffers_.erase(it);
+      return found;
+    }
+  }
+  Buffer fresh;
+  fresh.capacity = std::max<size_t>(size, 1);
+  fresh.bytes.reset(new char[fresh.capacity]);
+  return fresh;
+}
+
+void Transport::recycle(Buffer buffer) {
+  constexpr size_t kMaxSpare = 32;                   // at most 32 x 8 MiB kept for reuse
+  constexpr size_t kMaxSpareBytes = size_t(8) << 20;
+  if (buffer.capacity == 0 || buffer.capacity > kMaxSpareBytes) return;
+  if (spare_buffers_.size() < kMaxSpare) spare_buffers_.push_back(std::move(buffer));
+}
 
 // The peer closed its end between two frames: normal when it is done with this communicator (it shut
 // down or exited after its last collective). An error only if we still need it: a receive posted from
@@ -370,8 +392,9 @@ void Transport::finish_unexpected(Pair& pair) {
     RequestPtr request = *it;
     validate_match(*request, u.header, u.source);
     posted_recvs_.erase(it);
-    if (request->length > 0) std::memcpy(request->data, u.data.data(), request->length);
+    if (request->length > 0) std::memcpy(request->data, u.buffer.data(), request->length);
     request->source = u.source;
+    recycle(std::move(u.buffer));
     complete(request);
     return;
   }

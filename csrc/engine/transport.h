@@ -82,11 +82,19 @@ class Transport {
 
  private:
   struct Pair;
-  struct Unexpected {
-    int source;
-    FrameHeader header;
-    std::vector<char> data;
+  // Heap memory for frames that arrive before their receive is posted; recycled, never zero-filled.
+  struct Buffer {
+    std::unique_ptr<char[]> bytes;
+    size_t capacity = 0;
+    char* data() { return bytes.get(); }
   };
+  struct Unexpected {
+    int source = -1;
+    FrameHeader header;
+    Buffer buffer;
+  };
+  Buffer take_buffer(size_t size);
+  void recycle(Buffer buffer);
 
   void read_ready(Pair& pair);
   void write_ready(Pair& pair);
@@ -108,6 +116,7 @@ class Transport {
   std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by rank; nullptr for self
   std::list<RequestPtr> posted_recvs_;        // in posting order
   std::list<Unexpected> unexpected_;          // complete frames nobody asked for yet, in arrival order
+  std::vector<Buffer> spare_buffers_;         // recycled Unexpected buffers
   int wake_read_ = -1;
   int wake_write_ = -1;
   std::function<void()> on_wakeup_;

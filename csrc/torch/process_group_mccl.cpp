@@ -201,12 +201,13 @@ int WorkMCCL::sourceRank() const { return engine_work_ ? engine_work_->source() 
 std::vector<at::Tensor> WorkMCCL::result() { return outputs_; }
 
 bool WorkMCCL::wait(std::chrono::milliseconds timeout) {
-  // Collectives carry their own deadline inside the engine; this bound also covers p2p receives.
-  auto limit = timeout == kNoTimeout ? timeout_ + std::chrono::seconds(10) : timeout;
-  bool done = translated([&] { return engine_work_->wait_for(limit); });
-  if (!done) {
+  // Every engine operation ends by itself (collectives and p2p carry the process group's timeout),
+  // so without an explicit timeout this blocks until then.
+  if (timeout == kNoTimeout) {
+    translated([&] { engine_work_->wait(); });
+  } else if (!translated([&] { return engine_work_->wait_for(timeout); })) {
     C10_THROW_ERROR(DistBackendError, c10::str("MCCL timeout: ", c10d::opTypeToString(opType_),
-                                               " did not complete within ", limit.count(), " ms"));
+                                               " did not complete within ", timeout.count(), " ms"));
   }
   future_->wait();  // the completion pool finishes it right after the engine (copy-back included)
   if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());

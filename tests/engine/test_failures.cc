@@ -113,6 +113,22 @@ TEST(dead_peer_fails_neighbours_fast_and_later_calls_rethrow) {
   for (int r = 0; r < 3; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
 }
 
+TEST(unmatched_recv_times_out_naming_peer_and_tag) {
+  auto start = std::chrono::steady_clock::now();
+  auto errors = run_world(2, [](int rank, Communicator& comm) {
+    if (rank == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // never sends
+      return;
+    }
+    float x = 0;
+    comm.recv(&x, 1, DataType::kFloat32, 1, 5)->wait();
+  }, std::chrono::milliseconds(800));
+  auto took = std::chrono::steady_clock::now() - start;
+  CHECK_MSG(contains(errors[0], "timed out") && contains(errors[0], "recv from rank 1") && contains(errors[0], "tag 5"),
+            "%s", errors[0].c_str());
+  CHECK(took < std::chrono::seconds(6));
+}
+
 TEST(missing_rank_times_out_in_rendezvous) {
   mccl_test::MemoryStore store(std::chrono::milliseconds(500));
   std::string message;

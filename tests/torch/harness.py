@@ -380,8 +380,10 @@ def run_ranks(
     if problems:
         head = f"run_ranks({fn.__qualname__}, world_size={world_size}, backend={backend!r}) failed after {elapsed:.1f}s"
         if unfinished:
-            hung_on_own = first_failure_at is None
-            why = f"the {timeout:.0f}s deadline" if hung_on_own else f"the {FAILURE_GRACE_S:.0f}s grace after another rank failed"
+            if first_failure_at is not None and first_failure_at + FAILURE_GRACE_S < deadline:
+                why = f"the {FAILURE_GRACE_S:.0f}s grace after another rank failed"
+            else:
+                why = f"the {timeout:.0f}s deadline"
             head += f"; ranks {unfinished} did not finish within {why}"
         raise RunFailed(head + "\n" + "\n".join(problems), results=results, errors=errors, reports=reports,
                         last_progress=last_progress, unfinished=unfinished)

@@ -53,6 +53,15 @@ REFERENCE_CONFIGS = {"default", "gradient_as_bucket_view", "find_unused_paramete
 WORLD_SIZES = [2, 4]
 ATOL = RTOL = 1e-6
 REF_TOL = 1e-5
+# The fp16/bf16 compress hooks all-reduce half-precision values. With 2 ranks that is one addition,
+# rounded once whatever the algorithm, so the backends must agree to 1e-6 like everywhere else. With more
+# ranks every partial sum is rounded to the half type, and the result depends on the order in which the
+# algorithm adds the ranks' values: Gloo's ring and MCCL's order differ, and measured with 4 ranks neither
+# is more accurate (both ~68% correctly rounded). The parameters then differ by about 1e-5 (fp16) /
+# 1e-4 (bf16) after 5 steps, so beyond 2 ranks those configs are compared with eps(half) * LR instead
+# (a lost or doubled rank contribution shows up as ~LR * |grad| ~ 5e-3).
+HALF_COMPRESS = {"fp16_compress_builtin": torch.float16, "fp16_compress_hook": torch.float16,
+                 "bf16_compress_hook": torch.bfloat16}
 
 
 class Net(nn.Module):
@@ -242,7 +251,10 @@ def test_ddp(world_size, config):
         problems.append(f"parameters moved by at most {moved:.3g} in {STEPS} steps: training did not happen")
     # the same script on Gloo
     if backend != "gloo":
-        problems += [f"{backend} vs gloo: {p}" for p in _compare(finals[0], gloo0["final"], ATOL, RTOL, "gloo run")]
+        atol = ATOL
+        if config in HALF_COMPRESS and world_size > 2:
+            atol = torch.finfo(HALF_COMPRESS[config]).eps * LR  # see HALF_COMPRESS
+        problems += [f"{backend} vs gloo (atol {atol:.2g}): {p}" for p in _compare(finals[0], gloo0["final"], atol, RTOL, "gloo run")]
     # plain data-parallel SGD: equal to one process training on the global batch
     if config in REFERENCE_CONFIGS:
         ref = reference(config, world_size)

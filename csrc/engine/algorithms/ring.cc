@@ -8,8 +8,10 @@
 // segment (r-s-1) and receives segment (r-s-2), which it reduces into its own copy. What it receives
 // at step s is what it sends at step s+1, so after n-1 steps segment r holds everyone's
 // contribution. Each segment moves as pieces: a piece received at step s is reduced and forwarded at
-// once, while the next pieces are still on the wire. Receives land in a double buffer (step s in
-// half s%2), posted two steps ahead so early data never waits in an unexpected-frame copy.
+// once, while the next pieces are still on the wire. Receives land in scratch slots (step s in slot
+// s % slots), posted `slots` steps ahead: ranks upstream may run several steps ahead of us, and a
+// frame whose receive is already posted lands in place instead of in an unexpected-frame copy.
+// slots covers as many steps as MCCL_RING_LOOKAHEAD_BYTES of scratch holds, at least 2 (double buffer).
 //
 // All-gather schedule: at step s rank r sends segment (r-s) and receives segment (r-s-1) straight
 // into its final place (zero-copy); a received piece is forwarded at step s+1 from where it landed.
@@ -22,6 +24,7 @@ namespace mccl {
 namespace {
 
 int wrap(int value, int n) { return ((value % n) + n) % n; }
+
 
 // Pieces of a segment: at least one (an empty frame still tells the peer what we called),
 // the last one clamped to the segment's end.
@@ -53,7 +56,9 @@ void ring_reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32
   const Pieces pieces{c.piece_bytes(esize)};
   size_t max_seg = 0;
   for (const auto& seg : segs) max_seg = std::max(max_seg, seg.bytes);
-  char* halves = c.scratch(0, 2 * max_seg);
+  const size_t fit = c.config().ring_lookahead_bytes / std::max<size_t>(max_seg, 1);
+  const int slots = static_cast<int>(std::min<size_t>(steps, std::max<size_t>(2, fit)));
+  char* scratch = c.scratch(0, static_cast<size_t>(slots) * max_seg);
 
   auto send_seg = [&](int s) -> const Segment& { return segs[wrap(r - s - 1, n)]; };
   auto recv_seg = [&](int s) -> const Segment& { return segs[wrap(r - s - 2, n)]; };
@@ -61,15 +66,14 @@ void ring_reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32
   std::vector<RequestPtr> sends;
   auto post_recvs = [&](int s) {
     const Segment& seg = recv_seg(s);
-    char* half = halves + (s % 2) * max_seg;
+    char* half = scratch + (s % slots) * max_seg;
     for (size_t p = 0; p < pieces.count(seg); ++p) {
       size_t at = pieces.begin(seg, p);
       recvs[s].push_back(c.recv(left, half + at, pieces.length(seg, p), seg.offset + at, step_base + s));
     }
   };
 
-  post_recvs(0);
-  if (steps > 1) post_recvs(1);
+  for (int s = 0; s < slots; ++s) post_recvs(s);
   for (size_t p = 0; p < pieces.count(send_seg(0)); ++p) {
     const Segment& seg = send_seg(0);
     size_t at = pieces.begin(seg, p);
@@ -77,14 +81,14 @@ void ring_reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32
   }
   for (int s = 0; s < steps; ++s) {
     const Segment& seg = recv_seg(s);
-    const char* half = halves + (s % 2) * max_seg;
+    const char* half = scratch + (s % slots) * max_seg;
     for (size_t p = 0; p < pieces.count(seg); ++p) {
       size_t at = pieces.begin(seg, p), len = pieces.length(seg, p);
       c.wait(recvs[s][p]);
       reduce_into(seg.data + at, half + at, len / esize, c.dtype(), c.op());
       if (s + 1 < steps) sends.push_back(c.send(right, seg.data + at, len, seg.offset + at, step_base + s + 1));
     }
-    if (s + 2 < steps) post_recvs(s + 2);
+    if (s + slots < steps) post_recvs(s + slots);
   }
   c.wait_all(sends);
 }
