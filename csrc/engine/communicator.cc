@@ -251,9 +251,11 @@ void Communicator::run() {
       if (!error_) error_ = transport_->fatal_error();
     }
   }
-  // Whatever is still posted (receives nobody sent) fails now rather than never.
-  transport_->fail(std::make_exception_ptr(
-      Error(Error::Kind::kAborted, "MCCL aborted: rank " + std::to_string(rank_) + "'s communicator was shut down")));
+  // Whatever is still posted (receives nobody sent) fails now rather than never. A clean shutdown:
+  // the peers see the connections close, no abort.
+  transport_->fail(std::make_exception_ptr(Error(
+                       Error::Kind::kAborted, "MCCL aborted: rank " + std::to_string(rank_) + "'s communicator was shut down")),
+                   /*notify_peers=*/false);
 }
 
 // Point-to-point operations have no collective around them to carry a deadline, so the progress

@@ -68,6 +68,19 @@ std::string address_routing_to(const std::string& host) {
 
 }  // namespace
 
+std::vector<std::pair<std::string, std::string>> list_interfaces() {
+  std::vector<std::pair<std::string, std::string>> found;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) fail(Error::Kind::kConnection, "getifaddrs failed: ", std::strerror(errno));
+  for (ifaddrs* it = list; it != nullptr; it = it->ifa_next) {
+    if (it->ifa_addr == nullptr) continue;
+    int family = it->ifa_addr->sa_family;
+    if (family == AF_INET || family == AF_INET6) found.emplace_back(it->ifa_name, numeric_host(it->ifa_addr));
+  }
+  freeifaddrs(list);
+  return found;
+}
+
 std::string choose_listen_host(const std::string& ifname, const std::string& route_to) {
   if (!ifname.empty()) return address_of_interface(ifname);
   if (!route_to.empty()) {

@@ -319,6 +319,8 @@ void Transport::on_header(Pair& pair) {
   if (bad.empty() && h.length > max_message_bytes_)
     bad = "frame of " + std::to_string(h.length) + " bytes exceeds MCCL_MAX_MESSAGE_BYTES=" +
           std::to_string(max_message_bytes_);
+  if (bad.empty() && h.channel == static_cast<uint8_t>(Channel::kControl) && h.length > kMaxControlPayload)
+    bad = "control frame of " + std::to_string(h.length) + " bytes";
   if (!bad.empty()) mccl::fail(Error::Kind::kProtocol, "from ", peer_name(pair.rank), ": ", bad);
 
   pair.target = nullptr;
@@ -350,6 +352,54 @@ void Transport::on_header(Pair& pair) {
 }
 
 void Transport::finish_recv(const RequestPtr& request) { complete(request); }
+
+// A peer's abort: adopt its error (its kind, its words) as ours, saying who detected it.
+void Transport::on_control(Pair& pair) {
+  const Unexpected& u = pair.stash;
+  std::string text(u.buffer.data(), u.header.length);
+  int kind = static_cast<int>(u.header.count);
+  if (u.header.kind != static_cast<uint8_t>(ControlKind::kAbort) || kind < 0 ||
+      kind > static_cast<int>(Error::Kind::kInternal))
+    mccl::fail(Error::Kind::kProtocol, "from ", peer_name(pair.rank), ": unknown control frame");
+  Error error(static_cast<Error::Kind>(kind), text + " [reported by " + peer_name(pair.rank) +
+                                                  ", which stopped this communicator]");
+  fail(std::make_exception_ptr(error));
+  throw error;
+}
+
+// Best effort, bounded: tells each peer why this rank is giving up, at a frame boundary only.
+void Transport::send_abort(const std::exception_ptr& error) {
+  std::string text = "unknown error";
+  uint64_t kind = static_cast<uint64_t>(Error::Kind::kInternal);
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    text = e.what();
+    kind = static_cast<uint64_t>(e.kind());
+  } catch (const std::exception& e) {
+    text = e.what();
+  } catch (...) {
+  }
+  if (text.size() > kMaxControlPayload) text.resize(kMaxControlPayload);
+  FrameHeader h;
+  h.channel = static_cast<uint8_t>(Channel::kControl);
+  h.kind = static_cast<uint8_t>(ControlKind::kAbort);
+  h.comm_id = comm_id_;
+  h.src_rank = static_cast<uint32_t>(rank_);
+  h.count = kind;
+  h.length = text.size();
+  const Deadline deadline = Clock::now() + std::chrono::milliseconds(200);
+  for (auto& pair : pairs_) {
+    if (!pair || pair->closed) continue;
+    if (!pair->sendq.empty() && pair->sendq.front()->progress != 0) continue;  // mid-frame: cannot interleave
+    try {
+      pair->sock.write_all(&h, sizeof(h), deadline, peer_name(pair->rank));
+      pair->sock.write_all(text.data(), text.size(), deadline, peer_name(pair->rank));
+    } catch (const Error&) {
+      // The peer is gone or stuck; the closed socket tells it enough.
+    }
+  }
+}
 
 Transport::Buffer Transport::take_buffer(size_t size) {
   for (auto it = spare_buffers_.begin(); it != spare_buffers_.end(); ++it) {
@@ -387,6 +437,7 @@ void Transport::on_peer_closed(Pair& pair, const Error& cause) {
 // still arriving; give it to that one, else keep it.
 void Transport::finish_unexpected(Pair& pair) {
   Unexpected& u = pair.stash;
+  if (u.header.channel == static_cast<uint8_t>(Channel::kControl)) on_control(pair);
   for (auto it = posted_recvs_.begin(); it != posted_recvs_.end(); ++it) {
     if (!matches(**it, u.source, u.header)) continue;
     RequestPtr request = *it;
@@ -416,9 +467,10 @@ void Transport::fail_pair(const Pair& pair, const Error& cause) {
   throw error;
 }
 
-void Transport::fail(std::exception_ptr error) {
+void Transport::fail(std::exception_ptr error, bool notify_peers) {
   if (fatal_) return;
   fatal_ = error;
+  if (notify_peers) send_abort(error);
   for (auto& pair : pairs_) {
     if (pair) pair->sock.shutdown();
   }

@@ -76,7 +76,8 @@ class Transport {
   void set_context(std::string context) { context_ = std::move(context); }
 
   // Makes `error` the fatal error (the first one wins), fails everything pending, shuts the sockets.
-  void fail(std::exception_ptr error);
+  // With notify_peers, first tells each peer the cause (an abort frame); a clean shutdown does not.
+  void fail(std::exception_ptr error, bool notify_peers = true);
   std::exception_ptr fatal_error() const { return fatal_; }
   void throw_if_failed() const;
 
@@ -86,7 +87,7 @@ class Transport {
   struct Buffer {
     std::unique_ptr<char[]> bytes;
     size_t capacity = 0;
-    char* data() { return bytes.get(); }
+    char* data() const { return bytes.get(); }
   };
   struct Unexpected {
     int source = -1;
@@ -101,6 +102,8 @@ class Transport {
   void on_header(Pair& pair);
   void finish_recv(const RequestPtr& request);
   void on_peer_closed(Pair& pair, const Error& cause);
+  [[noreturn]] void on_control(Pair& pair);
+  void send_abort(const std::exception_ptr& error);
   void finish_unexpected(Pair& pair);
   void complete(const RequestPtr& request);
   bool matches(const Request& r, int source, const FrameHeader& h) const;

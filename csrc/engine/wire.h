@@ -21,7 +21,15 @@ constexpr uint16_t kProtocolVersion = 1;
 enum class Channel : uint8_t {
   kCollective = 1,  // seq = the communicator's collective sequence number
   kPointToPoint = 2,  // seq = the user's tag
+  kControl = 3,       // kind = ControlKind
 };
+
+enum class ControlKind : uint8_t {
+  // The sender hit a fatal error and is closing: count = its Error::Kind, payload = the message.
+  // Lets every peer report the real cause instead of "connection lost".
+  kAbort = 1,
+};
+constexpr uint64_t kMaxControlPayload = 64 * 1024;
 
 enum class CollectiveKind : uint8_t {
   kAllreduce = 1,

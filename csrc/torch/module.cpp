@@ -9,7 +9,9 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 #include <pybind11/chrono.h>
+#include <pybind11/stl.h>
 
+#include "netif.h"
 #include "process_group_mccl.hpp"
 
 namespace {
@@ -43,6 +45,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("store"), pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
            pybind11::arg("route_to") = "", pybind11::call_guard<pybind11::gil_scoped_release>())
       .def_property_readonly("listen_address", &lightning_mccl::ProcessGroupMCCL::listenAddress);
+  m.def("interfaces", &mccl::list_interfaces,
+        "(interface name, address) pairs of this machine, from getifaddrs()");
   m.def("mps_kernels_registered", [] {
     return c10::Dispatcher::singleton()
         .findSchemaOrThrow("c10d::allreduce_", "")

@@ -54,6 +54,11 @@ auto translated(F&& f) -> decltype(f()) {
   if (!(cond)) C10_THROW_ERROR(ValueError, c10::str("MCCL invalid argument: ", __VA_ARGS__))
 
 // ---- dtypes and ops -----------------------------------------------------------------------------
+// "torch.int16", as users write it (c10's own name for it is "Short").
+std::string dtype_name(const at::Tensor& t) {
+  return std::string("torch.") + std::string(c10::getDtypeNames(t.scalar_type()).first);
+}
+
 struct Elements {
   mccl::DataType dtype;
   size_t count;
@@ -76,7 +81,7 @@ Elements elements_of(const at::Tensor& t, const char* op, int rank) {
     case at::kComplexDouble: return {mccl::DataType::kFloat64, 2 * n};
     default:
       C10_THROW_ERROR(ValueError, c10::str("MCCL invalid argument: rank ", rank, ": ", op, " does not support dtype ",
-                                           t.scalar_type(),
+                                           dtype_name(t),
                                            " (supported: float32, float64, float16, bfloat16, int8, uint8, int32, "
                                            "int64, bool, complex64, complex128)"));
   }
@@ -91,7 +96,7 @@ Reduction reduction_of(const c10d::ReduceOp& rop, const at::Tensor& t, const cha
   bool complex = t.is_complex();
   auto fail = [&](const char* name) {
     C10_THROW_ERROR(ValueError, c10::str("MCCL invalid argument: rank ", rank, ": ", op, " does not support reduce op ",
-                                         name, " on ", t.scalar_type(), " tensors"));
+                                         name, " on ", dtype_name(t), " tensors"));
   };
   switch (rop.op_) {
     case c10d::ReduceOp::SUM: return {mccl::ReduceOp::kSum, std::nullopt};
@@ -167,7 +172,7 @@ void check_one(const std::vector<at::Tensor>& tensors, const char* op, int rank)
 
 void check_same(const at::Tensor& a, const at::Tensor& b, const char* what, const char* op, int rank) {
   MCCL_TORCH_CHECK(a.scalar_type() == b.scalar_type(), "rank ", rank, ": ", op, ": ", what, " has dtype ",
-                   b.scalar_type(), " but the input is ", a.scalar_type());
+                   dtype_name(b), " but the input is ", dtype_name(a));
   MCCL_TORCH_CHECK(a.numel() == b.numel(), "rank ", rank, ": ", op, ": ", what, " has ", b.numel(),
                    " elements but the input has ", a.numel());
 }
@@ -420,7 +425,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather(std::vector<std::vect
                                                            const c10d::AllgatherOptions&) {
   check_one(inputs, "allgather", rank_);
   MCCL_TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_, "rank ", rank_,
-                   ": allgather needs one list of ", size_, " output tensors");
+                   ": allgather needs one list of ", size_, " output tensors, got ",
+                   outputs.size() == 1 ? outputs[0].size() : outputs.size(), outputs.size() == 1 ? "" : " lists");
   auto staging = std::make_shared<std::vector<Staged>>();
   for (const auto& out : outputs[0]) {
     check_same(inputs[0], out, "an output tensor", "allgather", rank_);
@@ -440,7 +446,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_allgather_base(at::Tensor& out
                                                                  const c10d::AllgatherOptions&) {
   MCCL_TORCH_CHECK(output.scalar_type() == input.scalar_type() && output.numel() == input.numel() * size_, "rank ",
                    rank_, ": all_gather_into_tensor needs an output of ", size_, " x ", input.numel(), " ",
-                   input.scalar_type(), " elements, got ", output.numel(), " ", output.scalar_type());
+                   dtype_name(input), " elements, got ", output.numel(), " ", dtype_name(output));
   auto staging = std::make_shared<std::vector<Staged>>();
   staging->push_back(stage(output, false, true, "all_gather_into_tensor", rank_));
   Staged in = stage(input, true, false, "all_gather_into_tensor", rank_);
@@ -486,7 +492,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce_scatter(std::vector<at::
                                                                 const c10d::ReduceScatterOptions& opts) {
   check_one(outputs, "reduce_scatter", rank_);
   MCCL_TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, "rank ", rank_,
-                   ": reduce_scatter needs one list of ", size_, " input tensors");
+                   ": reduce_scatter needs one list of ", size_, " input tensors, got ",
+                   inputs.size() == 1 ? inputs[0].size() : inputs.size(), inputs.size() == 1 ? "" : " lists");
   std::vector<at::Tensor> flat;
   for (const auto& in : inputs[0]) {
     check_dense(in, "reduce_scatter", rank_);
@@ -501,7 +508,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_reduce_scatter_base(at::Tensor
                                                                       const c10d::ReduceScatterOptions& opts) {
   MCCL_TORCH_CHECK(output.scalar_type() == input.scalar_type() && input.numel() == output.numel() * size_, "rank ",
                    rank_, ": reduce_scatter_tensor needs an input of ", size_, " x ", output.numel(), " ",
-                   output.scalar_type(), " elements, got ", input.numel(), " ", input.scalar_type());
+                   dtype_name(output), " elements, got ", input.numel(), " ", dtype_name(input));
   auto staging = std::make_shared<std::vector<Staged>>();
   staging->push_back(stage(output, false, true, "reduce_scatter", rank_));
   Staged in = stage(input, true, false, "reduce_scatter", rank_);
@@ -530,7 +537,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall_base(at::Tensor& outpu
                                                                std::vector<int64_t>& input_split_sizes,
                                                                const c10d::AllToAllOptions&) {
   MCCL_TORCH_CHECK(output.scalar_type() == input.scalar_type(), "rank ", rank_, ": all_to_all_single input is ",
-                   input.scalar_type(), " but output is ", output.scalar_type());
+                   dtype_name(input), " but output is ", dtype_name(output));
   auto splits = [&](const at::Tensor& t, const std::vector<int64_t>& sizes, const char* which) {
     std::vector<size_t> counts(size_);
     int64_t rows = t.dim() > 0 ? t.size(0) : 1;
