@@ -297,13 +297,7 @@ void Transport::read_ready(Pair& pair) {
     pair.payload_got += n;
     if (pair.payload_got == pair.header.length) {
       pair.in_payload = false;
-      if (pair.target) {
-        RequestPtr done = std::move(pair.target);
-        pair.target = nullptr;
-        finish_recv(done);
-      } else {
-        finish_unexpected(pair);
-      }
+      deliver(pair);
     }
   }
 }
@@ -338,20 +332,20 @@ void Transport::on_header(Pair& pair) {
     pair.stash.header = h;
     pair.stash.buffer = take_buffer(h.length);
   }
-  if (h.length > 0) {
-    pair.in_payload = true;
-    return;
-  }
+  if (h.length > 0) pair.in_payload = true;
+  else deliver(pair);
+}
+
+// A frame is complete: in the receive it matched, or in the pair's stash.
+void Transport::deliver(Pair& pair) {
   if (pair.target) {
     RequestPtr done = std::move(pair.target);
     pair.target = nullptr;
-    finish_recv(done);
+    complete(done);
   } else {
     finish_unexpected(pair);
   }
 }
-
-void Transport::finish_recv(const RequestPtr& request) { complete(request); }
 
 // A peer's abort: adopt its error (its kind, its words) as ours, saying who detected it.
 void Transport::on_control(Pair& pair) {

@@ -100,7 +100,7 @@ class Transport {
   void read_ready(Pair& pair);
   void write_ready(Pair& pair);
   void on_header(Pair& pair);
-  void finish_recv(const RequestPtr& request);
+  void deliver(Pair& pair);
   void on_peer_closed(Pair& pair, const Error& cause);
   [[noreturn]] void on_control(Pair& pair);
   void send_abort(const std::exception_ptr& error);

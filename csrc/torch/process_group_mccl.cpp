@@ -179,6 +179,22 @@ void check_same(const at::Tensor& a, const at::Tensor& b, const char* what, cons
 
 using Staging = std::shared_ptr<std::vector<Staged>>;
 
+// Staging for tensors that travel packed in one host buffer: each is copied back from its slice.
+Staging unpack_into(const at::Tensor& packed, const std::vector<at::Tensor>& tensors) {
+  auto staging = std::make_shared<std::vector<Staged>>();
+  int64_t at_elem = 0;
+  for (const auto& t : tensors) {
+    Staged s;
+    s.user = t;
+    s.host = packed.narrow(0, at_elem, t.numel()).view(t.sizes());
+    s.copy_back = true;
+    if (!t.device().is_cpu()) s.stream = c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device());
+    staging->push_back(s);
+    at_elem += t.numel();
+  }
+  return staging;
+}
+
 }  // namespace
 
 // ---- WorkMCCL -----------------------------------------------------------------------------------
@@ -382,22 +398,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce_coalesced(std::vector
   at::Tensor packed = at::cat(flat).to(at::kCPU).contiguous();
   Reduction r = reduction_of(opts.reduceOp, tensors[0], "allreduce_coalesced", rank_);
   if (r.premul) packed.mul_(*r.premul);
-  auto staging = std::make_shared<std::vector<Staged>>();
-  int64_t at_elem = 0;
-  for (const auto& t : tensors) {
-    Staged s;
-    s.user = t;
-    s.host = packed.narrow(0, at_elem, t.numel()).view(t.sizes());
-    s.copy_back = true;
-    if (!t.device().is_cpu()) s.stream = c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device());
-    staging->push_back(s);
-    at_elem += t.numel();
-  }
+  auto staging = unpack_into(packed, tensors);
   Elements e = elements_of(packed, "allreduce_coalesced", rank_);
   char* data = static_cast<char*>(packed.data_ptr());
-  auto keep = std::make_shared<at::Tensor>(packed);
   return launch(c10d::OpType::ALLREDUCE_COALESCED, tensors, staging, comm_->timeout(), [&](mccl::Callback done) {
-    return comm_->allreduce(data, e.count, e.dtype, r.op, [keep, done](std::exception_ptr err) { done(err); });
+    return comm_->allreduce(data, e.count, e.dtype, r.op, std::move(done));
   });
 }
 
@@ -594,18 +599,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall(std::vector<at::Tensor
   int64_t total_out = 0;
   for (const auto& t : outputs) total_out += t.numel();
   at::Tensor packed_out = at::empty({total_out}, inputs[0].options().device(at::kCPU));
-  auto staging = std::make_shared<std::vector<Staged>>();
-  int64_t at_elem = 0;
-  for (const auto& t : outputs) {
-    Staged s;
-    s.user = t;
-    s.host = packed_out.narrow(0, at_elem, t.numel()).view(t.sizes());
-    s.copy_back = true;
-    if (!t.device().is_cpu()) s.stream = c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device());
-    staging->push_back(s);
-    at_elem += t.numel();
-  }
-  Staged keep_in;
+  auto staging = unpack_into(packed_out, outputs);
+  Staged keep_in;  // holds the packed input until the operation ends
   keep_in.host = packed_in;
   staging->push_back(keep_in);
   mccl::DataType dtype = elements_of(inputs[0], "all_to_all", rank_).dtype;

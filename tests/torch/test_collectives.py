@@ -32,6 +32,8 @@ from harness import RunFailed, backend_name, progress, report, run_ranks
 WORLD_SIZES = [1, 2, 3, 4, 6]
 
 GROUPS = [
+    "coalesced",
+    "premul_sum",
     "all_reduce.sum",
     "all_reduce.avg",
     "all_reduce.product",
@@ -706,8 +708,61 @@ def sweep_callback_collective(s: Sweep):
     s.case("async.collective_in_callback", "all_reduce(...).get_future().wait() inside a then() callback", run)
 
 
+def sweep_coalesced(s: Sweep):
+    """The coalesced entry points (one packed allreduce for several tensors; allgather per tensor)."""
+    rank, ws = s.rank, s.ws
+    for dtype, op in [(torch.float32, "SUM"), (torch.float64, "MAX"), (torch.int64, "SUM")]:
+        label = f"all_reduce_coalesced {dname(dtype)} {op}"
+
+        def run(dtype=dtype, op=op, label=label):
+            shapes = [(3, 4), (0,), (7,), (2, 1, 5)]
+            ins = [all_inputs(f"{label} {i}", ws, int(np.prod(sh)), dtype, op_kind(op, dtype)) for i, sh in enumerate(shapes)]
+            ts = [vals[rank][0].clone().reshape(sh) for vals, sh in zip(ins, shapes)]
+            s.gloo_gap("all_reduce_coalesced", lambda: dist.all_reduce_coalesced(ts, op=rop(op)))
+            for t, vals, sh in zip(ts, ins, shapes):
+                stack = np.stack([v for _, v in vals])
+                ref = reduce_ref(stack, op, dtype).reshape(sh)
+                check_tensor(t.reshape(-1), ref.reshape(-1), dtype, (int(np.prod(sh)),),
+                             tolerance(op, dtype, ws, stack, ref.reshape(-1)))
+
+        s.case("coalesced", label, run)
+
+    label = "all_gather_coalesced float32"
+
+    def run_gather(label=label):
+        ins = [all_inputs(f"{label} {i}", ws, n, torch.float32, "sum") for i, n in enumerate([5, 1, 9])]
+        outs = [[torch.empty(len(vals[0][1])) for _ in range(ws)] for vals in ins]
+        s.gloo_gap("all_gather_coalesced",
+                   lambda: dist.all_gather_coalesced(outs, [vals[rank][0] for vals in ins]))
+        for out, vals in zip(outs, ins):
+            for r in range(ws):
+                check_tensor(out[r], vals[r][1], torch.float32, (len(vals[r][1]),), what=f"block of rank {r}")
+
+    s.case("coalesced", label, run_gather)
+
+
+def sweep_premul_sum(s: Sweep):
+    """PREMUL_SUM (each rank's input scaled by a factor, then summed), as FSDP and DDP hooks may use it."""
+    rank, ws = s.rank, s.ws
+    for factor in (0.25, torch.tensor(0.5, dtype=torch.float64)):
+        label = f"all_reduce PREMUL_SUM factor={float(factor)}"
+
+        def run(factor=factor, label=label):
+            vals = all_inputs(label, ws, 33, torch.float64, "sum")
+            stack = np.stack([v for _, v in vals])
+            ref = stack.sum(axis=0) * float(factor)
+            t = vals[rank][0].clone()
+            op = dist._make_nccl_premul_sum(factor)
+            s.gloo_gap("PREMUL_SUM", lambda: dist.all_reduce(t, op=op))
+            check_tensor(t, ref, torch.float64, (33,), 1e-12)
+
+        s.case("premul_sum", label, run)
+
+
 # (sweep, the groups it covers), in run order; hang-prone cases last
 SWEEPS = [
+    (sweep_coalesced, ["coalesced"]),
+    (sweep_premul_sum, ["premul_sum"]),
     (sweep_all_reduce, ["all_reduce.sum", "all_reduce.avg", "all_reduce.product", "all_reduce.min_max",
                         "all_reduce.bitwise"]),
     (sweep_wraparound, ["all_reduce.int_wraparound"]),
