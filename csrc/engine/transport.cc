@@ -201,10 +201,10 @@ void Transport::timeout(const std::vector<RequestPtr>& pending) {
 
 void Transport::progress(int timeout_ms) {
   throw_if_failed();
-  std::vector<pollfd> fds;
-  std::vector<Pair*> owners;
-  fds.reserve(size_ + 1);
-  owners.reserve(size_ + 1);
+  std::vector<pollfd>& fds = poll_fds_;  // reused: no allocation per round
+  std::vector<Pair*>& owners = poll_owners_;
+  fds.clear();
+  owners.clear();
   fds.push_back({wake_read_, POLLIN, 0});
   owners.push_back(nullptr);
   for (auto& pair : pairs_) {

@@ -11,6 +11,8 @@
 // sockets are shut down so the peers notice at once, and every later call rethrows it.
 #pragma once
 
+#include <poll.h>
+
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -120,6 +122,8 @@ class Transport {
   std::list<RequestPtr> posted_recvs_;        // in posting order
   std::list<Unexpected> unexpected_;          // complete frames nobody asked for yet, in arrival order
   std::vector<Buffer> spare_buffers_;         // recycled Unexpected buffers
+  std::vector<struct pollfd> poll_fds_;       // progress()'s poll set, rebuilt each round
+  std::vector<Pair*> poll_owners_;
   int wake_read_ = -1;
   int wake_write_ = -1;
   std::function<void()> on_wakeup_;
