@@ -4,8 +4,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The torch to install into a fresh .venv. Macs: any torch >= 2.6 works (make TORCH_SPEC=torch).
+# The torch (and matching torchvision) to install into a fresh .venv. Any torch >= 2.6 works, e.g. on a Mac:
+#   make demo TORCH_SPEC=torch TORCHVISION_SPEC=torchvision
 TORCH_SPEC ?= torch==2.14.1
+TORCHVISION_SPEC ?= torchvision==0.29.1
 NPROC ?= 4
 BIN := $(abspath $(VENV))/bin
 CMAKE := $(BIN)/cmake
@@ -15,9 +17,8 @@ CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(BIN)/ninja -DMCCL_BUILD_TESTS=ON
 
 $(VENV)/.deps: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)" numpy pytest ninja cmake "setuptools>=64" wheel
-	MCCL_SKIP_EXT=1 $(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	$(PY) -m pip install -q "$(TORCH_SPEC)" "$(TORCHVISION_SPEC)" ninja cmake "setuptools>=64" wheel
+	MCCL_SKIP_EXT=1 $(PY) -m pip install -q --no-build-isolation -e ".[lightning,test,bench]"
 	touch $@
 
 build: $(VENV)/.deps

@@ -6,5 +6,14 @@ from ._backend import ProcessGroupMCCL, is_registered, register
 
 register()
 
+try:  # Lightning's "mccl" strategy names, once lightning.pytorch is imported; torch-only users pay nothing
+    from .lightning import register_when_lightning_imported as _register_lightning
+
+    _register_lightning()
+except Exception as _e:  # noqa: BLE001 - a broken Lightning must never break the torch backend
+    import warnings
+
+    warnings.warn(f"lightning-mccl: Lightning integration unavailable: {_e!r}", RuntimeWarning)
+
 __all__ = ["ProcessGroupMCCL", "is_registered", "register"]
 __version__ = "0.1.0"

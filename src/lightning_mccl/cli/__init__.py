@@ -1,0 +1,63 @@
+"""The `mccl` command.
+
+    mccl launch --hostfile fleet.yaml -- python train.py fit --config vit.yaml
+    mccl launch --local 2 -- python train.py fit --config vit.yaml
+    mccl doctor --hostfile fleet.yaml          # or --local 2
+
+`launch` runs a command on every rank of the fleet (see `lightning_mccl.cli.launch`); `doctor` checks the
+fleet and measures its links with the mccl engine (see `lightning_mccl.cli.doctor`).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional, Sequence
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import doctor, launch
+
+    parser = argparse.ArgumentParser(
+        prog="mccl", description="Run and check PyTorch training across a fleet of Macs (the mccl backend).")
+    sub = parser.add_subparsers(dest="subcommand", metavar="{launch,doctor}", required=True)
+    p = sub.add_parser(
+        "launch", help="run a command on every rank (one process per host, over ssh; or --local N)",
+        description="Run COMMAND as every rank of the fleet, with torchrun's environment variables.",
+        usage="mccl launch (--hostfile FILE | --local N) [options] -- COMMAND ...",
+        epilog=launch.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    launch.add_arguments(p)
+    p.set_defaults(run=launch.run, subparser=p)
+    p = sub.add_parser(
+        "doctor", help="check the hosts, then measure latency and bandwidth between them with mccl",
+        description="Check ssh, versions and the master port on every host, then measure every pair of "
+                    "hosts (ping-pong latency, one-way bandwidth) and the fleet's allreduce, over mccl.")
+    doctor.add_arguments(p)
+    p.set_defaults(run=doctor.run, subparser=p)
+    return parser
+
+
+def _split_command(argv: List[str]):
+    """Everything after the first ``--`` is the command (None: there was no ``--``)."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of the `mccl` script; returns the exit code (2 for bad arguments)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    options, command = _split_command(argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(options)
+        return int(args.run(args, args.subparser, command) or 0)
+    except SystemExit as e:  # argparse's errors (2) and --help (0)
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        sys.stderr.write(f"{e.code}\n")
+        return 1
+    except KeyboardInterrupt:  # before the supervisor took over the signals
+        return 130

@@ -1,0 +1,159 @@
+"""The measurement `mccl doctor` runs on the fleet, one rank per host, through the launcher:
+
+    python -m lightning_mccl.cli.doctor_bench --size-mib 16      # with torchrun's environment variables
+
+Over the `mccl` backend (env:// rendezvous), for every pair of ranks (a < b):
+
+- latency: the median round trip of a 4-byte send/recv ping-pong started by a, reported halved (one-way,
+  as osu_latency does);
+- bandwidth, each direction: the sender times ``send(size)`` until the receiver's 4-byte acknowledgement
+  arrives (median), bytes / time.
+
+Pairs are measured in rounds of disjoint pairs (round-robin "circle" schedule), so a fleet of n hosts
+takes n - 1 rounds, not n(n - 1)/2 steps, and no host serves two pairs at once. Then the whole fleet runs
+allreduce(size) and reports its bus bandwidth, time x 2(n - 1)/n, as nccl-tests do.
+
+Rank 0 prints one line, ``MCCL_DOCTOR_RESULT {json}``, on stdout; `mccl doctor` reads it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import timedelta
+from typing import List, Optional, Sequence, Tuple
+
+RESULT_MARKER = "MCCL_DOCTOR_RESULT "
+WARMUP = 2
+
+
+def pair_rounds(n: int) -> List[List[Tuple[int, int]]]:
+    """Every pair (a, b), a < b < n, exactly once, grouped into rounds of disjoint pairs (n - 1 rounds for
+    even n, n for odd n, where one rank sits out each round)."""
+    if n < 2:
+        return []
+    m = n + (n % 2)  # a "bye" rank m - 1 >= n for odd n
+    ring = list(range(m))
+    rounds = []
+    for _ in range(m - 1):
+        pairs = []
+        for i in range(m // 2):
+            a, b = ring[i], ring[m - 1 - i]
+            if a < n and b < n:
+                pairs.append((min(a, b), max(a, b)))
+        rounds.append(sorted(pairs))
+        ring = [ring[0], ring[-1]] + ring[1:-1]
+    return rounds
+
+
+def _ping_pong(dist, torch, peer: int, lead: bool, iters: int) -> Optional[float]:
+    buf = torch.zeros(1, dtype=torch.float32)
+    rtts = []
+    for i in range(WARMUP + iters):
+        if lead:
+            t0 = time.perf_counter()
+            dist.send(buf, peer)
+            dist.recv(buf, peer)
+            if i >= WARMUP:
+                rtts.append(time.perf_counter() - t0)
+        else:
+            dist.recv(buf, peer)
+            dist.send(buf, peer)
+    return statistics.median(rtts) if lead else None
+
+
+def _one_way(dist, torch, peer: int, sending: bool, big, iters: int) -> Optional[float]:
+    ack = torch.zeros(1, dtype=torch.float32)
+    times = []
+    for i in range(WARMUP + iters):
+        if sending:
+            t0 = time.perf_counter()
+            dist.send(big, peer)
+            dist.recv(ack, peer)
+            if i >= WARMUP:
+                times.append(time.perf_counter() - t0)
+        else:
+            dist.recv(big, peer)
+            dist.send(ack, peer)
+    return big.numel() * big.element_size() / statistics.median(times) if sending else None
+
+
+def measure(size_bytes: int, iters: int, latency_iters: int) -> Optional[dict]:
+    """Runs the measurements in an initialised process group; rank 0 gets the results, others None."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    big = torch.zeros(max(1, size_bytes // 4), dtype=torch.float32)
+    # latency[a][b] measured by a; bandwidth[s][d] measured by the sender s. Zero elsewhere, then summed.
+    table = torch.zeros(2, world, world, dtype=torch.float64)
+    for pairs in pair_rounds(world):
+        dist.barrier()
+        for a, b in pairs:
+            if rank not in (a, b):
+                continue
+            peer = b if rank == a else a
+            rtt = _ping_pong(dist, torch, peer, rank == a, latency_iters)
+            if rtt is not None:
+                table[0, a, b] = rtt / 2
+            bw = _one_way(dist, torch, peer, rank == a, big, iters)  # a -> b
+            if bw is not None:
+                table[1, a, b] = bw
+            bw = _one_way(dist, torch, peer, rank == b, big, iters)  # b -> a
+            if bw is not None:
+                table[1, b, a] = bw
+    dist.all_reduce(table)
+    allreduce = None
+    if world > 1:
+        times = []
+        for i in range(WARMUP + iters):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(big)
+            if i >= WARMUP:
+                times.append(time.perf_counter() - t0)
+        # every rank's time counts: the slowest one is the collective's
+        t = torch.tensor([statistics.median(times)], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        seconds = float(t.item())
+        nbytes = big.numel() * big.element_size()
+        algbw = nbytes / seconds
+        allreduce = {"size_bytes": nbytes, "seconds": seconds, "algbw": algbw,
+                     "busbw": algbw * 2 * (world - 1) / world}
+    if rank != 0:
+        return None
+    pairs = [{"a": a, "b": b, "latency_s": float(table[0, a, b]), "bandwidth_ab": float(table[1, a, b]),
+              "bandwidth_ba": float(table[1, b, a])}
+             for rnd in pair_rounds(world) for a, b in rnd]
+    pairs.sort(key=lambda p: (p["a"], p["b"]))
+    return {"world_size": world, "size_bytes": big.numel() * big.element_size(), "iters": iters,
+            "latency_iters": latency_iters, "pairs": pairs, "allreduce": allreduce}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lightning_mccl.cli.doctor_bench")
+    parser.add_argument("--size-mib", type=float, default=16.0)
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--latency-iters", type=int, default=50)
+    parser.add_argument("--pg-timeout", type=float, default=60.0, help="process group timeout, seconds")
+    args = parser.parse_args(argv)
+
+    import torch.distributed as dist
+
+    import lightning_mccl  # noqa: F401  (registers the backend)
+
+    dist.init_process_group("mccl", timeout=timedelta(seconds=args.pg_timeout))
+    try:
+        result = measure(int(args.size_mib * (1 << 20)), args.iters, args.latency_iters)
+        if result is not None:
+            sys.stdout.write(RESULT_MARKER + json.dumps(result) + "\n")
+            sys.stdout.flush()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

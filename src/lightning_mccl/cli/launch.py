@@ -1,0 +1,330 @@
+"""`mccl launch`: one command, every rank of the fleet.
+
+    mccl launch --hostfile fleet.yaml -- python train.py fit --config vit.yaml
+    mccl launch --local 2 -- python train.py fit --config vit.yaml      # 2 ranks on this machine
+
+Host i of the hostfile (see `lightning_mccl.hostfile`) runs ``--nproc-per-node`` ranks (default 1), each
+reached by its own ``ssh`` connection (also the host you launch from), in the launcher's working directory
+(or ``--chdir``), with torchrun's environment: MASTER_ADDR (host 0's addr), MASTER_PORT, WORLD_SIZE, RANK,
+LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (and GROUP_RANK, MCCL_NODE_RANK), plus MCCL_SOCKET_IFNAME from the
+host's ``ifname``. ``--local N`` is the same with N "hosts" that are this machine over loopback
+(MASTER_ADDR=127.0.0.1, a free port) and no ssh, so ``Trainer(num_nodes=N)`` runs unchanged on one machine
+(for ``Trainer(devices=P)`` on one machine, use ``--local 1 --nproc-per-node P``). Lightning reads these
+variables through its default LightningEnvironment (LOCAL_RANK set: the processes were started outside).
+
+What every rank also gets: the launcher's MCCL_* variables (engine tuning such as MCCL_DEBUG; per-host
+ones excepted), the ``--env`` variables, PYTHONUNBUFFERED=1 (so output streams as it is printed) unless
+set, and, as torchrun does, OMP_NUM_THREADS=1 when several ranks share a machine and it is not set.
+A command that starts with ``python``/``python3`` runs with ``--python`` (default: the launcher's own
+interpreter), because a non-interactive ssh shell has no virtual environment activated.
+
+Supervision (see `supervise`): output prefixed ``[host rN]`` on stdout; the first rank to fail stops all
+the others and its exit code is the launcher's; Ctrl-C (SIGINT) is forwarded to every rank as SIGINT,
+anything still alive ``--grace`` seconds later is killed, and the launcher exits with 130.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import re
+import shlex
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Mapping, Optional, Sequence, Tuple
+
+from ..hostfile import Host, Hostfile, HostfileError, load_hostfile
+from . import rank_shim
+from .supervise import Outcome, RankSpec, Supervisor
+
+DEFAULT_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=15 -o ServerAliveCountMax=4"
+DEFAULT_GRACE_S = 10.0
+LOCAL_ADDR = "127.0.0.1"
+LOCAL_HOST_NAME = "local"
+# Set per host by the launcher, so never copied from the launcher's own environment.
+PER_HOST_VARS = ("MCCL_SOCKET_IFNAME", "MCCL_NODE_RANK")
+# `python -c` program that runs the rank shim's source, passed (base64) as its first argument.
+SHIM_BOOTSTRAP = "import base64,sys;exec(base64.b64decode(sys.argv[1]))"
+_SHIM_SOURCE_B64 = base64.b64encode(Path(rank_shim.__file__).read_bytes()).decode("ascii")
+_PYTHON_WORD = re.compile(r"python(3(\.\d+)?)?")
+
+
+class LaunchError(ValueError):
+    """Bad input to `mccl launch` / `mccl doctor` (the command exits with code 2)."""
+
+
+def free_port(addr: str = LOCAL_ADDR) -> int:
+    """A TCP port on `addr` that was free a moment ago (the small race is accepted)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+def shim_argv(python: str, *, argv: Sequence[str], cwd: Optional[str], env: Mapping[str, str], label: str,
+              grace: float) -> List[str]:
+    """The local argv that runs `argv` as one rank under the rank shim, with `python`."""
+    spec = {"argv": list(argv), "cwd": cwd, "env": dict(env), "label": label, "grace": grace}
+    return [python, "-c", SHIM_BOOTSTRAP, _SHIM_SOURCE_B64, rank_shim.encode_spec(spec)]
+
+
+def ssh_argv(ssh: Sequence[str], host: str, remote_argv: Sequence[str]) -> List[str]:
+    """`remote_argv` run on `host` through ssh. ``-T``: never a pseudo-terminal (the rank shim reads its
+    control lines from a plain pipe), whatever the ssh config says. The remote login shell sees one
+    ``exec`` and shell-quoted words (base64 and paths only), which sh, bash, zsh and fish all read alike."""
+    return [*ssh, "-T", host, "exec " + " ".join(shlex.quote(a) for a in remote_argv)]
+
+
+def resolve_command(command: Sequence[str], python: str) -> Tuple[List[str], bool]:
+    """`command` with a leading ``python``/``python3``/``python3.X`` replaced by `python`; and whether it was."""
+    command = list(command)
+    if command and _PYTHON_WORD.fullmatch(command[0]) and command[0] != python:
+        return [python] + command[1:], True
+    return command, False
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Where and how every rank runs. ``ssh=None``: all hosts are this machine (``--local``)."""
+
+    hosts: Tuple[Host, ...]
+    command: Tuple[str, ...]
+    master_port: int
+    nproc_per_node: int = 1
+    ssh: Optional[Tuple[str, ...]] = None
+    python: str = sys.executable
+    cwd: Optional[str] = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    grace: float = DEFAULT_GRACE_S
+
+    @property
+    def world_size(self) -> int:
+        return len(self.hosts) * self.nproc_per_node
+
+    @property
+    def master_addr(self) -> str:
+        return self.hosts[0].addr
+
+    @property
+    def is_local(self) -> bool:
+        return self.ssh is None
+
+    def ranks_per_machine(self) -> int:
+        return self.world_size if self.is_local else self.nproc_per_node
+
+    def rank_env(self, node_rank: int, local_rank: int, base_env: Optional[Mapping[str, str]] = None) -> dict:
+        """The variables rank (node_rank, local_rank) gets on top of its host's environment."""
+        base = os.environ if base_env is None else base_env
+        rank = node_rank * self.nproc_per_node + local_rank
+        env = {k: v for k, v in base.items() if k.startswith("MCCL_") and k not in PER_HOST_VARS}
+        env.update(self.env)
+        if "PYTHONUNBUFFERED" not in base and "PYTHONUNBUFFERED" not in env:
+            env["PYTHONUNBUFFERED"] = "1"
+        if self.ranks_per_machine() > 1 and "OMP_NUM_THREADS" not in base and "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = "1"
+        env.update({
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+            "WORLD_SIZE": str(self.world_size),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(self.nproc_per_node),
+            "NODE_RANK": str(node_rank),
+            "GROUP_RANK": str(node_rank),
+            "MCCL_NODE_RANK": str(node_rank),
+        })
+        ifname = self.hosts[node_rank].ifname
+        if ifname:
+            env["MCCL_SOCKET_IFNAME"] = ifname
+        return env
+
+    def rank_specs(self, base_env: Optional[Mapping[str, str]] = None) -> List[RankSpec]:
+        specs = []
+        for node_rank, host in enumerate(self.hosts):
+            for local_rank in range(self.nproc_per_node):
+                rank = node_rank * self.nproc_per_node + local_rank
+                argv = shim_argv(self.python, argv=self.command, cwd=self.cwd, label=f"{host.name} r{rank}",
+                                 env=self.rank_env(node_rank, local_rank, base_env), grace=self.grace)
+                if self.ssh is not None:
+                    argv = ssh_argv(self.ssh, host.name, argv)
+                specs.append(RankSpec(rank=rank, host=host.name, argv=tuple(argv)))
+        return specs
+
+    def explain_exit(self, spec: RankSpec, code: int) -> Optional[str]:
+        if code == 255 and not self.is_local:
+            return f"255 is ssh's own exit code: it could not reach {spec.host}, or lost the connection"
+        if code == 127:
+            return f"command not found on {spec.host}: check --python and the command"
+        if code > 128 and code - 128 < 65:
+            try:
+                import signal
+
+                return f"killed by {signal.Signals(code - 128).name}"
+            except ValueError:
+                return None
+        return None
+
+    def describe(self) -> str:
+        n = self.world_size
+        ranks = f"{n} rank{'s' if n != 1 else ''}"
+        if self.is_local:
+            where = "on this machine over loopback"
+        else:
+            where = f"on {len(self.hosts)} host{'s' if len(self.hosts) != 1 else ''} × {self.nproc_per_node}"
+        return f"{ranks} {where} (master {self.master_addr}:{self.master_port})"
+
+
+def local_plan(num: int, command: Sequence[str], *, master_port: Optional[int] = None, **kwargs) -> LaunchPlan:
+    """`num` hosts that are this machine (loopback); port: `master_port` or a free one."""
+    if num < 1:
+        raise LaunchError(f"--local needs at least 1 rank, got {num}")
+    hosts = tuple(Host(name=LOCAL_HOST_NAME, addr=LOCAL_ADDR) for _ in range(num))
+    return LaunchPlan(hosts=hosts, command=tuple(command), master_port=master_port or free_port(), **kwargs)
+
+
+def hostfile_plan(hostfile: Hostfile, command: Sequence[str], *, ssh: Sequence[str] = tuple(shlex.split(DEFAULT_SSH)),
+                  master_port: Optional[int] = None, **kwargs) -> LaunchPlan:
+    """The hostfile's hosts, each reached with `ssh`; port: `master_port` or the hostfile's."""
+    for h in hostfile.hosts:
+        if h.name.startswith("-"):
+            raise LaunchError(f"{hostfile.path}: host name {h.name!r} starts with '-' (ssh would read it as an option)")
+    if not ssh:
+        raise LaunchError("--ssh is empty: give the ssh command, e.g. --ssh 'ssh -o BatchMode=yes'")
+    return LaunchPlan(hosts=tuple(hostfile.hosts), command=tuple(command), ssh=tuple(ssh),
+                      master_port=master_port or hostfile.master_port, **kwargs)
+
+
+# -- command line ----------------------------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (1-65535)")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options `mccl launch` and `mccl doctor` share: which hosts, and how to reach them."""
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--hostfile", metavar="FILE", help="fleet hostfile (YAML or JSON): the hosts, reached by ssh")
+    where.add_argument("--local", metavar="N", type=_positive_int,
+                       help="N ranks on this machine over loopback, no ssh (same environment as N hosts)")
+    parser.add_argument("--master-port", metavar="PORT", type=_port,
+                        help="rendezvous port on host 0 (default: the hostfile's master_port; a free port with --local)")
+    parser.add_argument("--chdir", metavar="DIR", help="working directory of every rank (default: this one)")
+    parser.add_argument("--python", metavar="PY", default=sys.executable,
+                        help="Python on the hosts, also for a command starting with `python` (default: %(default)s)")
+    parser.add_argument("--ssh", metavar="CMD", default=DEFAULT_SSH,
+                        help="ssh command and options (default: %(default)r); -T is always added")
+    parser.add_argument("--grace", metavar="S", type=_seconds, default=DEFAULT_GRACE_S,
+                        help="seconds ranks get to exit after being asked to stop, before they are killed "
+                             "(default: %(default)g)")
+
+
+EPILOG = """\
+every rank gets torchrun's variables: MASTER_ADDR (host 0's addr), MASTER_PORT, WORLD_SIZE, RANK,
+LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (= GROUP_RANK = MCCL_NODE_RANK), and MCCL_SOCKET_IFNAME from the
+host's ifname. --local N acts as N hosts of --nproc-per-node ranks each: Trainer(num_nodes=N) runs unchanged.
+
+output: every line of every rank, prefixed [host rN], on stdout; the launcher's messages on stderr.
+exit code: the first failing rank's (the others are stopped at once), 130 after Ctrl-C, 0 when all succeed.
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_fleet_arguments(parser)
+    parser.add_argument("--nproc-per-node", metavar="P", type=_positive_int, default=1,
+                        help="ranks per host (default: 1; one Mac, one rank)")
+    parser.add_argument("--env", metavar="NAME[=VALUE]", action="append", default=[],
+                        help="set NAME for every rank (NAME alone: this shell's value); repeatable")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command every rank runs, after --")
+
+
+def parse_env(items: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> dict:
+    environ = os.environ if environ is None else environ
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise LaunchError(f"--env {item!r}: {name!r} is not a variable name")
+        if not sep:
+            if name not in environ:
+                raise LaunchError(f"--env {name}: {name} is not set here (use --env {name}=VALUE)")
+            value = environ[name]
+        out[name] = value
+    return out
+
+
+def plan_from_args(args: argparse.Namespace, command: Sequence[str], *, nproc_per_node: int = 1,
+                   env: Optional[Mapping[str, str]] = None) -> LaunchPlan:
+    """The plan for parsed `mccl launch`/`mccl doctor` options. Raises LaunchError (or HostfileError)."""
+    cwd = os.path.abspath(args.chdir) if args.chdir else os.getcwd()
+    common = dict(nproc_per_node=nproc_per_node, python=args.python, cwd=cwd, env=dict(env or {}),
+                  grace=args.grace, master_port=args.master_port)
+    if args.local is not None:
+        if not os.path.isdir(cwd):
+            raise LaunchError(f"--chdir {args.chdir}: no such directory")
+        return local_plan(args.local, command, **common)
+    try:
+        ssh = shlex.split(args.ssh)
+    except ValueError as e:
+        raise LaunchError(f"--ssh {args.ssh!r}: {e}") from None
+    return hostfile_plan(load_hostfile(args.hostfile), command, ssh=ssh, **common)
+
+
+def supervise(plan: LaunchPlan, *, log, **kwargs) -> Outcome:
+    """Runs `plan` under a Supervisor (kwargs: output, fail_fast, timeout)."""
+    return Supervisor(plan.rank_specs(), log=log, grace=plan.grace, explain_exit=plan.explain_exit,
+                      **kwargs).run()
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Optional[Sequence[str]]) -> int:
+    """`mccl launch`: returns the exit code (parser.error exits 2 on bad input)."""
+    from .console import make_log, stderr_console
+
+    if command is not None and args.command:
+        parser.error("give the command once, after --")
+    command = list(command if command is not None else args.command)
+    if not command:
+        parser.error("missing the command to run, e.g. mccl launch --local 2 -- python train.py")
+    try:
+        env = parse_env(args.env)
+        command, replaced = resolve_command(command, args.python)
+        plan = plan_from_args(args, command, nproc_per_node=args.nproc_per_node, env=env)
+    except (LaunchError, HostfileError) as e:
+        parser.error(str(e))
+    log = make_log(stderr_console())
+    log(f"launching {plan.describe()}: {shlex.join(plan.command)}")
+    if replaced:
+        log(f"`python` runs as {plan.python} (see --python)")
+    outcome = supervise(plan, log=log)
+    if outcome.reason == "ok":
+        log(f"all {plan.world_size} ranks finished")
+    elif outcome.reason == "failed":
+        f = outcome.failed
+        log(f"failed: rank {f.spec.rank} on {f.spec.host} exited with code {f.returncode}")
+    else:
+        log(f"stopped ({outcome.reason}); exit code {outcome.returncode}")
+    return outcome.returncode

@@ -1,0 +1,132 @@
+"""The rank shim: runs one rank's command on its host and obeys the launcher through stdin.
+
+`mccl launch` never starts a rank's command directly. On every host (this one for ``--local``, the
+remote one at the end of an ``ssh`` connection) it starts this small, stdlib-only program, which:
+
+- changes to the rank's working directory, adds the rank's environment (RANK, MASTER_ADDR, ...) and starts
+  the command as the leader of a new session, so the command and everything it starts (data-loader
+  workers, ...) share one process group;
+- reads control lines from stdin: ``INT``, ``TERM``, ``KILL`` send that signal to the whole process group;
+- on end of file of stdin (the launcher died, or its ``ssh`` connection dropped) sends SIGTERM to the
+  group and SIGKILL ``grace`` seconds later, so no rank outlives its launcher;
+- when the command exits, kills whatever it left behind in its process group (an orphan holding the
+  output pipe open would keep ``ssh`` from ever returning) and exits with the command's exit code
+  (128 + N for a command killed by signal N, as shells report it).
+
+Why not ``ssh -tt`` (a remote pseudo-terminal whose hang-up kills the remote side)? A pty merges stderr
+into stdout, turns ``\\n`` into ``\\r\\n``, and delivers only SIGHUP, not Ctrl-C, and only when the
+connection closes. A plain pipe plus this shim gives the same behaviour for ``--local`` and ``ssh``
+(so the local tests exercise the real supervision), forwards SIGINT as SIGINT (Lightning's graceful
+KeyboardInterrupt shutdown), and needs only the Python the rank runs with.
+
+The launcher runs this file's source through ``python -c`` (see ``shim_argv``): the remote host needs no
+copy of it, and importing it does not import torch. It must stay compatible with Python 3.9 and use
+nothing outside the standard library.
+"""
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+# The control lines the launcher writes to a rank's stdin, and the signals they send to the rank.
+CONTROL_SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
+
+
+def encode_spec(spec):
+    """What the launcher passes as this program's argument: the rank's spec as base64'd JSON (no
+    character that any login shell would interpret)."""
+    return base64.b64encode(json.dumps(spec, sort_keys=True).encode()).decode("ascii")
+
+
+def decode_spec(text):
+    return json.loads(base64.b64decode(text.encode("ascii")).decode())
+
+
+def _say(label, message):
+    try:
+        sys.stderr.write("mccl-rank[%s]: %s\n" % (label, message))
+        sys.stderr.flush()
+    except (OSError, ValueError):  # nobody is listening any more (the launcher is gone)
+        pass
+
+
+def _signal_group(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def main(encoded_spec):
+    """spec: {"argv": [...], "cwd": str or None, "env": {name: value}, "grace": seconds, "label": str}."""
+    spec = decode_spec(encoded_spec)
+    label = spec.get("label", "rank")
+    argv = list(spec["argv"])
+    env = dict(os.environ)
+    env.update(spec.get("env") or {})
+    cwd = spec.get("cwd")
+    grace = float(spec.get("grace", 10.0))
+    if cwd:
+        try:
+            os.chdir(cwd)
+        except OSError as e:
+            _say(label, "cannot change to the working directory %s: %s" % (cwd, e.strerror))
+            return 1
+    try:
+        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+    except FileNotFoundError:
+        _say(label, "command not found: %s" % argv[0])
+        return 127
+    except PermissionError:
+        _say(label, "command not executable: %s" % argv[0])
+        return 126
+    pgid = child.pid  # the session (and process group) leader
+    exited = threading.Event()
+    killed = []
+
+    def forward(signum, frame):
+        _signal_group(pgid, signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, forward)
+
+    def read_control():
+        # os.read on the raw descriptor, not sys.stdin: a daemon thread blocked inside a buffered reader
+        # makes the interpreter abort at exit ("could not acquire lock for <stdin>").
+        pending = b""
+        while True:
+            try:
+                data = os.read(0, 4096)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            lines = (pending + data).split(b"\n")
+            pending = lines.pop()
+            for line in lines:
+                sig = CONTROL_SIGNALS.get(line.strip().decode("ascii", "replace"))
+                if sig is not None and not exited.is_set():
+                    _signal_group(pgid, sig)
+                    killed.append(sig == signal.SIGKILL)
+        if exited.is_set() or any(killed):  # ended by the launcher: nothing left to do
+            return
+        _say(label, "the launcher is gone (stdin closed): terminating the rank")
+        _signal_group(pgid, signal.SIGTERM)
+        if not exited.wait(grace):
+            _signal_group(pgid, signal.SIGKILL)
+
+    threading.Thread(target=read_control, name="mccl-control", daemon=True).start()
+    code = child.wait()
+    exited.set()
+    _signal_group(pgid, signal.SIGKILL)  # whatever the command left behind in its group
+    return 128 - code if code < 0 else code
+
+
+if __name__ == "__main__":
+    _code = main(sys.argv[-1])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_code)  # no interpreter teardown while the control thread sits in read()

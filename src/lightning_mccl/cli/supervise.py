@@ -1,0 +1,411 @@
+"""Process supervision shared by `mccl launch --local`, `mccl launch --hostfile` (over ssh) and `mccl doctor`.
+
+A `Supervisor` starts one local process per rank (the rank shim itself for ``--local``, an ``ssh`` client
+running the shim on the remote host otherwise: only the argv differs), and then, in one loop:
+
+- streams each rank's output (stdout and stderr merged, in order) line by line, prefixed with
+  ``[host rN]``, to this process's stdout;
+- notices the first rank that exits with a non-zero code and stops all the others (``fail_fast``);
+- on SIGINT / SIGTERM / SIGHUP sends INT (for SIGINT) or TERM to every rank; a second signal kills them;
+- escalates to KILL when ranks are still running ``grace`` seconds after being asked to stop;
+- reports the outcome: the first failure's exit code, 128 + N after signal N, 124 after ``timeout``.
+
+Ranks are controlled only through their stdin (see `rank_shim`): the launcher writes ``INT``, ``TERM`` or
+``KILL``, and closing it (or this process dying, however it dies) makes the shim terminate the rank. Every
+rank's local process runs in its own session, so a Ctrl-C typed in the terminal reaches only the launcher,
+which forwards it once, to every rank alike.
+
+Extension points (a restart policy is planned): `_on_exit` sees every rank exit in the order they happen,
+and `run` starts from scratch each time it is called.
+"""
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, TextIO
+
+# A rank's output line longer than this without a newline is passed on in pieces.
+MAX_LINE_BYTES = 64 << 10
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One rank to run: its global rank, the host it runs on (for messages), the local argv that starts it
+    (under the rank shim) and that local process's environment (None: this process's)."""
+
+    rank: int
+    host: str
+    argv: tuple
+    env: Optional[Mapping[str, str]] = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.host} r{self.rank}"
+
+
+@dataclass(frozen=True)
+class RankExit:
+    spec: RankSpec
+    returncode: Optional[int]  # None: never started, or still running when the launcher gave up on it
+    stopped: bool  # the launcher had asked it to stop before it exited
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """returncode: 0, the first failing rank's exit code, 128 + N after signal N, 124 after the timeout, or
+    127/126 when a rank's local process could not be started. reason: ok, failed, signal, timeout, start."""
+
+    returncode: int
+    reason: str
+    exits: tuple
+    failed: Optional[RankExit] = None
+
+
+class PrefixedOutput:
+    """Writes each rank's lines to `stream` (default: stdout) as ``[host rN] line``, prefixes padded to one
+    width; colours the prefix on a terminal (unless NO_COLOR is set)."""
+
+    COLORS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
+
+    def __init__(self, specs: Sequence[RankSpec], stream: Optional[TextIO] = None):
+        self._stream = stream if stream is not None else sys.stdout
+        width = max((len(s.label) + 2 for s in specs), default=0)
+        try:
+            color = self._stream.isatty() and "NO_COLOR" not in os.environ
+        except (AttributeError, ValueError):
+            color = False
+        self._prefix: Dict[int, str] = {}
+        for s in specs:
+            tag = f"[{s.label}]"
+            pad = " " * (width - len(tag) + 1)
+            if color:
+                tag = f"\x1b[{self.COLORS[s.rank % len(self.COLORS)]}m{tag}\x1b[0m"
+            self._prefix[s.rank] = tag + pad
+        self._broken = False
+
+    def line(self, spec: RankSpec, text: str) -> None:
+        if self._broken:
+            return
+        try:
+            self._stream.write(self._prefix.get(spec.rank, f"[{spec.label}] ") + text + "\n")
+        except BrokenPipeError:  # our stdout is gone (`| head`): keep supervising, stop printing
+            self._broken = True
+
+    def flush(self) -> None:
+        if self._broken:
+            return
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._broken = True
+
+
+class _Rank:
+    """A started (or not yet started) rank: its local process, control pipe and partial output line."""
+
+    def __init__(self, spec: RankSpec):
+        self.spec = spec
+        self.proc: Optional[subprocess.Popen] = None
+        self.code: Optional[int] = None
+        self.stopped = False
+        self.forced = False
+        self.pending = b""
+        self.reading = False
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.code is None
+
+    def start(self) -> None:
+        env = dict(self.spec.env) if self.spec.env is not None else None
+        self.proc = subprocess.Popen(
+            list(self.spec.argv), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True, bufsize=0)
+        self.reading = True
+
+    def control(self, word: str) -> None:
+        stdin = self.proc.stdin if self.proc is not None else None
+        if stdin is None or stdin.closed:
+            return
+        try:
+            stdin.write(word.encode("ascii") + b"\n")
+        except (BrokenPipeError, OSError, ValueError):  # it is exiting already
+            pass
+
+    def close_control(self) -> None:
+        if self.proc is not None and self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+    def force_kill(self) -> None:
+        """SIGKILL the local process's session (the shim, or the ssh client); the last resort."""
+        self.forced = True
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def poll(self, wait: float = 0.0) -> Optional[int]:
+        if self.code is None and self.proc is not None:
+            try:
+                code = self.proc.wait(wait) if wait > 0 else self.proc.poll()
+            except subprocess.TimeoutExpired:
+                code = None
+            if code is not None:
+                self.code = 128 - code if code < 0 else code
+        return self.code
+
+    def split(self, data: bytes, final: bool = False) -> List[str]:
+        """Complete lines out of the output seen so far. A ``\\r`` (progress bars) ends a line too; the
+        empty pieces around ``\\r``s are dropped, blank lines are kept."""
+        lines = (self.pending + data).split(b"\n")
+        self.pending = lines.pop()
+        out: List[bytes] = []
+        for line in lines:
+            if not line:
+                out.append(b"")
+            else:
+                out.extend(p for p in line.split(b"\r") if p)
+        head, sep, tail = self.pending.rpartition(b"\r")
+        if sep:
+            out.extend(p for p in head.split(b"\r") if p)
+            self.pending = tail
+        if (final and self.pending) or len(self.pending) > MAX_LINE_BYTES:
+            out.append(self.pending)
+            self.pending = b""
+        return [p.decode("utf-8", "replace") for p in out]
+
+
+class Supervisor:
+    """Runs `ranks` to completion; see the module docstring. `output` gets every line (default:
+    `PrefixedOutput` on stdout); `log(message)` gets the launcher's own messages (default: stderr);
+    `explain_exit(spec, code)` may add a hint to a failure message (e.g. what ssh's 255 means)."""
+
+    POLL_S = 0.1
+    FORCE_S = 3.0  # after KILL: how long a rank's local process gets before it is SIGKILLed itself
+    DRAIN_S = 2.0  # after the last exit: how long to wait for the rest of the output
+
+    def __init__(
+        self,
+        ranks: Sequence[RankSpec],
+        *,
+        output=None,
+        log: Optional[Callable[[str], None]] = None,
+        grace: float = 10.0,
+        fail_fast: bool = True,
+        timeout: Optional[float] = None,
+        explain_exit: Optional[Callable[[RankSpec, int], Optional[str]]] = None,
+    ):
+        ranks = list(ranks)
+        if not ranks:
+            raise ValueError("Supervisor needs at least one rank")
+        if len({s.rank for s in ranks}) != len(ranks):
+            raise ValueError("Supervisor: ranks must be distinct")
+        self.specs = ranks
+        self.output = output if output is not None else PrefixedOutput(ranks)
+        self.log = log if log is not None else _stderr_log
+        self.grace = float(grace)
+        self.fail_fast = fail_fast
+        self.timeout = timeout
+        self.explain_exit = explain_exit
+
+    # -- the loop ------------------------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        self._ranks = [_Rank(s) for s in self.specs]
+        self._selector = selectors.DefaultSelector()
+        self._signals: List[int] = []
+        self._signal: Optional[int] = None
+        self._failure: Optional[_Rank] = None
+        self._start_error: Optional[int] = None
+        self._timed_out = False
+        self._stop_reason: Optional[str] = None
+        self._kill_at: Optional[float] = None
+        self._force_at: Optional[float] = None
+        self._t0 = time.monotonic()
+        try:
+            with self._catch_signals():
+                self._start_all()
+                while any(r.running for r in self._ranks):
+                    self._pump(self.POLL_S)
+                    self._reap()
+                    self._handle_signals()
+                    self._check_deadlines()
+                self._handle_signals()  # one that came before any rank started
+                self._drain()
+        finally:
+            for r in self._ranks:  # only reached with live ranks when this loop itself failed
+                if r.running:
+                    r.control("KILL")
+                    r.close_control()
+            self._selector.close()
+        return self._outcome()
+
+    def _start_all(self) -> None:
+        for r in self._ranks:
+            if self._signals:
+                break
+            try:
+                r.start()
+            except OSError as e:
+                self._start_error = 127 if isinstance(e, FileNotFoundError) else 126
+                self.log(f"cannot start rank {r.spec.rank} on {r.spec.host}: {e}")
+                self._stop("TERM", "a rank could not be started")
+                return
+            self._selector.register(r.proc.stdout, selectors.EVENT_READ, r)
+
+    def _pump(self, timeout: float) -> None:
+        for key, _ in self._selector.select(timeout):
+            r: _Rank = key.data
+            try:
+                data = os.read(key.fd, 1 << 16)
+            except OSError:
+                data = b""
+            if data:
+                for text in r.split(data):
+                    self.output.line(r.spec, text)
+                continue
+            self._close_output(r)
+            # End of output: the rank's local process is exiting. Collecting it here, in the order the
+            # ends arrive, is what makes "the first failure" the rank that died first, not the lowest rank.
+            if r.running and r.poll(wait=0.5) is not None:
+                self._on_exit(r)
+        self._flush()
+
+    def _close_output(self, r: _Rank) -> None:
+        if not r.reading:
+            return
+        for text in r.split(b"", final=True):
+            self.output.line(r.spec, text)
+        self._selector.unregister(r.proc.stdout)
+        r.proc.stdout.close()
+        r.reading = False
+
+    def _reap(self) -> None:
+        for r in self._ranks:
+            if r.running and r.poll() is not None:
+                self._on_exit(r)
+
+    def _on_exit(self, r: _Rank) -> None:
+        """Called once per rank exit, in the order the exits were seen."""
+        r.close_control()
+        code = r.code
+        if code == 0:
+            return
+        stopping = self._stop_reason is not None
+        if r.stopped or stopping:
+            return
+        hint = self.explain_exit(r.spec, code) if self.explain_exit else None
+        message = f"rank {r.spec.rank} on {r.spec.host} exited with code {code}" + (f" ({hint})" if hint else "")
+        if self._failure is None:
+            self._failure = r
+        others = [o for o in self._ranks if o.running]
+        if self.fail_fast and others:
+            self.log(f"{message}; stopping the other {len(others)} rank{'s' if len(others) > 1 else ''}")
+            self._stop("TERM", f"rank {r.spec.rank} failed")
+        else:
+            self.log(message)
+
+    def _handle_signals(self) -> None:
+        while self._signals:
+            signum = self._signals.pop(0)
+            name = signal.Signals(signum).name
+            if self._signal is None:
+                self._signal = signum
+            if self._stop_reason is None:
+                self.log(f"received {name}: stopping all ranks (send it again to kill them at once)")
+                self._stop("INT" if signum == signal.SIGINT else "TERM", f"received {name}")
+            elif self._force_at is None:
+                self.log(f"received {name} while stopping: killing all ranks")
+                self._kill()
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        if self.timeout is not None and self._stop_reason is None and now - self._t0 > self.timeout:
+            self._timed_out = True
+            self.log(f"the ranks did not finish within {self.timeout:g} s: stopping them")
+            self._stop("TERM", "timeout")
+        if self._kill_at is not None and self._force_at is None and now >= self._kill_at:
+            left = [r.spec.rank for r in self._ranks if r.running]
+            self.log(f"ranks {left} still running {self.grace:g} s after being asked to stop: killing them")
+            self._kill()
+        if self._force_at is not None and now >= self._force_at:
+            for r in self._ranks:
+                if r.running and not r.forced:
+                    self.log(f"rank {r.spec.rank} on {r.spec.host} ignored KILL: killing its local process")
+                    r.force_kill()
+
+    def _stop(self, word: str, reason: str) -> None:
+        if self._stop_reason is None:
+            self._stop_reason = reason
+            self._kill_at = time.monotonic() + self.grace
+        for r in self._ranks:
+            if r.running:
+                r.stopped = True
+                r.control(word)
+
+    def _kill(self) -> None:
+        if self._stop_reason is None:
+            self._stop_reason = "killed"
+        self._force_at = time.monotonic() + self.FORCE_S
+        for r in self._ranks:
+            if r.running:
+                r.stopped = True
+                r.control("KILL")
+                r.close_control()
+
+    def _drain(self) -> None:
+        deadline = time.monotonic() + self.DRAIN_S
+        while any(r.reading for r in self._ranks) and time.monotonic() < deadline:
+            self._pump(min(self.POLL_S, max(0.0, deadline - time.monotonic())))
+        for r in self._ranks:  # held open by something the rank left behind: give up on the rest
+            self._close_output(r)
+        self._flush()
+
+    def _flush(self) -> None:
+        flush = getattr(self.output, "flush", None)
+        if flush is not None:
+            flush()
+
+    def _outcome(self) -> Outcome:
+        exits = tuple(RankExit(r.spec, r.code, r.stopped) for r in self._ranks)
+        failed = None
+        if self._failure is not None:
+            failed = RankExit(self._failure.spec, self._failure.code, False)
+        if self._start_error is not None:
+            return Outcome(self._start_error, "start", exits, failed)
+        if failed is not None:
+            return Outcome(failed.returncode, "failed", exits, failed)
+        if self._signal is not None:
+            return Outcome(128 + self._signal, "signal", exits)
+        if self._timed_out:
+            return Outcome(124, "timeout", exits)
+        return Outcome(0, "ok", exits)
+
+    @contextmanager
+    def _catch_signals(self):
+        """SIGINT/SIGTERM/SIGHUP are queued for the loop while it runs (main thread only)."""
+        saved = {}
+        try:
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                try:
+                    saved[signum] = signal.signal(signum, lambda n, f: self._signals.append(n))
+                except ValueError:  # not the main thread: the caller handles signals
+                    break
+            yield
+        finally:
+            for signum, handler in saved.items():
+                signal.signal(signum, handler)
+
+
+def _stderr_log(message: str) -> None:
+    sys.stderr.write(f"mccl: {message}\n")
+    sys.stderr.flush()

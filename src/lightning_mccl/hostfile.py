@@ -1,0 +1,165 @@
+"""A fleet of Macs, described in one file that every Mac reads.
+
+    # fleet.yaml
+    master_port: 29500            # optional
+    hosts:
+      - name: studio-01           # what `ssh` connects to
+        addr: 10.0.0.11           # data-plane IP the ranks use (the fast Ethernet, not Wi-Fi)
+        ifname: en0               # optional: MCCL_SOCKET_IFNAME on that host
+      - name: studio-02
+        addr: 10.0.0.12
+
+JSON with the same keys works too. Host i is node rank i; host 0 runs the rendezvous (MASTER_ADDR).
+Each Mac finds its own node rank by matching its interface addresses against `addr` (or MCCL_NODE_RANK
+/ NODE_RANK when set), so the same command line runs unchanged on every host.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+
+class HostfileError(ValueError):
+    """A hostfile that cannot be used, or a host that cannot place itself in one."""
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    addr: str
+    ifname: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Hostfile:
+    hosts: tuple
+    master_port: int = 29500
+    path: str = "<memory>"
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.hosts)
+
+    @property
+    def master_addr(self) -> str:
+        return self.hosts[0].addr
+
+
+def _parse_text(text: str, path: str):
+    stripped = text.lstrip()
+    if stripped.startswith("{") or stripped.startswith("["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise HostfileError(f"{path}: not valid JSON: {e}") from None
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - PyYAML ships with Lightning
+        raise HostfileError(f"{path}: reading YAML hostfiles needs PyYAML (pip install pyyaml), or use JSON") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise HostfileError(f"{path}: not valid YAML: {e}") from None
+
+
+def parse_hostfile(data, path: str = "<memory>") -> Hostfile:
+    """Validates already-loaded YAML/JSON data (a mapping with `hosts`, or a bare list of hosts)."""
+    if isinstance(data, list):
+        data = {"hosts": data}
+    if not isinstance(data, dict) or "hosts" not in data:
+        raise HostfileError(f"{path}: expected a mapping with a 'hosts' list")
+    unknown = set(data) - {"hosts", "master_port"}
+    if unknown:
+        raise HostfileError(f"{path}: unknown key(s) {sorted(unknown)}; allowed: hosts, master_port")
+    raw_hosts = data["hosts"]
+    if not isinstance(raw_hosts, list) or not raw_hosts:
+        raise HostfileError(f"{path}: 'hosts' must be a non-empty list")
+    hosts = []
+    for i, raw in enumerate(raw_hosts):
+        if isinstance(raw, str):
+            raw = {"name": raw, "addr": raw}
+        if not isinstance(raw, dict):
+            raise HostfileError(f"{path}: hosts[{i}] must be a mapping with 'name' and 'addr'")
+        extra = set(raw) - {"name", "addr", "ifname"}
+        if extra:
+            raise HostfileError(f"{path}: hosts[{i}] has unknown key(s) {sorted(extra)}; allowed: name, addr, ifname")
+        name = raw.get("name") or raw.get("addr")
+        addr = raw.get("addr") or raw.get("name")
+        if not name or not isinstance(name, str) or not isinstance(addr, str):
+            raise HostfileError(f"{path}: hosts[{i}] needs 'name' (ssh host) and/or 'addr' (data-plane IP)")
+        ifname = raw.get("ifname")
+        if ifname is not None and not isinstance(ifname, str):
+            raise HostfileError(f"{path}: hosts[{i}].ifname must be a string")
+        hosts.append(Host(name=name, addr=addr, ifname=ifname))
+    for key in ("name", "addr"):
+        seen = {}
+        for i, h in enumerate(hosts):
+            value = getattr(h, key)
+            if value in seen:
+                raise HostfileError(f"{path}: hosts[{seen[value]}] and hosts[{i}] have the same {key} {value!r}")
+            seen[value] = i
+    port = data.get("master_port", 29500)
+    if not isinstance(port, int) or not 0 < port < 65536:
+        raise HostfileError(f"{path}: master_port must be an integer port, got {port!r}")
+    return Hostfile(hosts=tuple(hosts), master_port=port, path=path)
+
+
+def load_hostfile(path) -> Hostfile:
+    """Reads a YAML or JSON hostfile. Raises HostfileError naming the file and the problem."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise HostfileError(f"cannot read hostfile {path}: {e.strerror}") from None
+    return parse_hostfile(_parse_text(text, str(p)), str(p))
+
+
+def local_addresses() -> set:
+    """IP addresses of this machine's interfaces, from getifaddrs() (loopback included)."""
+    from . import _C
+
+    return {addr.split("%")[0] for _, addr in _C.interfaces()}
+
+
+def _resolve(addr: str) -> set:
+    try:
+        ipaddress.ip_address(addr)
+        return {addr}
+    except ValueError:
+        pass
+    try:
+        return {info[4][0] for info in socket.getaddrinfo(addr, None)}
+    except OSError:
+        return set()
+
+
+def find_node_rank(hostfile: Hostfile, env: Optional[Mapping[str, str]] = None,
+                   addresses: Optional[Sequence[str]] = None) -> int:
+    """This host's node rank: MCCL_NODE_RANK (or NODE_RANK) if set, else the one host whose `addr`
+    is one of this machine's addresses. Raises HostfileError when none or several match."""
+    env = os.environ if env is None else env
+    for var in ("MCCL_NODE_RANK", "NODE_RANK"):
+        if env.get(var, "") != "":
+            try:
+                rank = int(env[var])
+            except ValueError:
+                raise HostfileError(f"{var}={env[var]!r} is not an integer") from None
+            if not 0 <= rank < hostfile.num_nodes:
+                raise HostfileError(f"{var}={rank} is outside the {hostfile.num_nodes} hosts of {hostfile.path}")
+            return rank
+    mine = set(addresses) if addresses is not None else local_addresses()
+    matches = [i for i, h in enumerate(hostfile.hosts) if _resolve(h.addr) & mine]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        listed = ", ".join(f"{h.name}={h.addr}" for h in hostfile.hosts)
+        raise HostfileError(
+            f"this machine ({socket.gethostname()}, addresses {sorted(mine)}) is none of the hosts in "
+            f"{hostfile.path} ({listed}); fix the hostfile's addr entries or set MCCL_NODE_RANK")
+    names = ", ".join(hostfile.hosts[i].name for i in matches)
+    raise HostfileError(f"this machine matches several hosts in {hostfile.path} ({names}); set MCCL_NODE_RANK")

@@ -1,0 +1,90 @@
+"""Programs the launcher tests run as ranks under `mccl launch` (one per rank, with torchrun's variables).
+
+    python rank_programs.py env                      # print this rank's launcher variables and cwd as JSON
+    python rank_programs.py sleep DIR [--ignore-int] # start a grandchild, record both pids in DIR, sleep
+    python rank_programs.py fail DIR RANK CODE       # rank RANK exits CODE once every other rank sleeps
+    python rank_programs.py allreduce                # mccl allreduce over env:// and print the result
+
+Only `allreduce` imports torch (slow); the others use the standard library, to keep the tests fast.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
+        "GROUP_RANK", "MCCL_NODE_RANK", "MCCL_SOCKET_IFNAME", "PYTHONUNBUFFERED", "MCCL_TEST_FORWARDED")
+SLEEP_S = 120
+
+
+def rank() -> int:
+    return int(os.environ["RANK"])
+
+
+def write_json(path, obj) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)  # readers never see half a file
+
+
+def sleep(out_dir, ignore_int=False) -> None:
+    if ignore_int:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the grandchild too
+    # A grandchild: the launcher must not leave it behind either.
+    child = subprocess.Popen(["sleep", str(SLEEP_S)])
+    write_json(os.path.join(out_dir, f"pids-{rank()}.json"), {"rank": os.getpid(), "child": child.pid})
+    print(f"rank {rank()} sleeping", flush=True)
+    time.sleep(SLEEP_S)
+
+
+def fail(out_dir, failing_rank, code) -> None:
+    if rank() != failing_rank:
+        sleep(out_dir)
+        return
+    others = [r for r in range(int(os.environ["WORLD_SIZE"])) if r != failing_rank]
+    deadline = time.time() + 60
+    while not all(os.path.exists(os.path.join(out_dir, f"pids-{r}.json")) for r in others):
+        if time.time() > deadline:
+            sys.exit("the other ranks never started")
+        time.sleep(0.05)
+    print(f"rank {rank()} failing with exit code {code}", flush=True)
+    write_json(os.path.join(out_dir, "failed.json"), {"pid": os.getpid(), "time": time.time()})
+    sys.exit(code)
+
+
+def allreduce() -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    import lightning_mccl  # noqa: F401  (registers the backend)
+
+    dist.init_process_group("mccl", timeout=timedelta(seconds=60))
+    t = torch.full((4,), float(dist.get_rank() + 1))
+    dist.all_reduce(t)
+    print(f"allreduce rank={dist.get_rank()} world={dist.get_world_size()} env_rank={os.environ['RANK']} "
+          f"local_rank={os.environ['LOCAL_RANK']} node_rank={os.environ['NODE_RANK']} sum={t.tolist()}", flush=True)
+    dist.destroy_process_group()
+
+
+def main(argv) -> None:
+    mode = argv[0]
+    if mode == "env":
+        print(json.dumps({"env": {k: os.environ.get(k) for k in VARS}, "cwd": os.getcwd(),
+                          "python": sys.executable}), flush=True)
+    elif mode == "sleep":
+        sleep(argv[1], ignore_int="--ignore-int" in argv)
+    elif mode == "fail":
+        fail(argv[1], int(argv[2]), int(argv[3]))
+    elif mode == "allreduce":
+        allreduce()
+    else:
+        sys.exit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

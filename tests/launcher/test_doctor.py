@@ -1,0 +1,107 @@
+"""`mccl doctor`: the pair schedule, the host checks, and real runs (--local 2 over mccl; a fake ssh fleet
+with an unreachable host; a busy master port)."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from cli_runner import env_with_fake_ssh, run_mccl
+from lightning_mccl.cli.doctor import HostReport, check_hosts
+from lightning_mccl.cli.doctor_bench import pair_rounds
+
+
+def table_rows(stdout: str, title: str) -> list:
+    """The rows (lists of cell texts) of the rich table printed under `title`."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith(title))
+    rows = []
+    for line in lines[start + 1:]:
+        if line.startswith("└"):
+            break
+        if line.startswith(("│", "┃")):
+            rows.append([cell.strip() for cell in line.strip("│┃").replace("┃", "│").split("│")])
+    return rows
+
+
+@pytest.mark.parametrize("n", range(1, 10))
+def test_pair_rounds_measure_every_pair_once_in_rounds_of_disjoint_pairs(n):
+    rounds = pair_rounds(n)
+    pairs = [p for r in rounds for p in r]
+    assert sorted(pairs) == [(a, b) for a in range(n) for b in range(a + 1, n)]
+    for r in rounds:
+        busy = [x for p in r for x in p]
+        assert len(busy) == len(set(busy)), f"rank in two pairs at once in round {r}"
+    assert len(rounds) == (0 if n < 2 else n - 1 + n % 2)
+
+
+def _info(**overrides):
+    info = {"python": "3.11.7", "torch": "2.14.1", "lightning_mccl": "0.1.0", "lightning": "2.6.6",
+            "executable": "/venv/bin/python", "port_error": None}
+    info.update(overrides)
+    return info
+
+
+def test_host_checks_name_differing_versions_missing_packages_and_silent_hosts():
+    reports = [HostReport(0, "mac-0", "10.0.0.1", 0, _info(port_error="Address already in use"), []),
+               HostReport(1, "mac-1", "10.0.0.2", 0, _info(torch="2.13.0"), []),
+               HostReport(2, "mac-2", "10.0.0.3", 0, _info(lightning_mccl=None), []),
+               HostReport(3, "mac-3", "10.0.0.4", 255, None, ["ssh: connect to host mac-3 port 22: Timed out", ""])]
+    problems = check_hosts(reports)
+    assert problems == [
+        "mac-0: the master port cannot be bound (Address already in use); is another run still going? "
+        "Use --master-port",
+        "mac-2: lightning-mccl is not installed for /venv/bin/python",
+        "mac-3: no answer (exit code 255): ssh: connect to host mac-3 port 22: Timed out",
+        "different torch versions: 2.14.1 on mac-0, mac-2; 2.13.0 on mac-1",
+        "different lightning-mccl versions: 0.1.0 on mac-0, mac-1; missing on mac-2",
+    ]
+    assert check_hosts([HostReport(i, f"m{i}", "a", 0, _info(), []) for i in range(3)]) == []
+
+
+def test_doctor_local_2_measures_pair_0_1_and_the_allreduce(tmp_path):
+    r = run_mccl("doctor", "--local", "2", "--iters", "3", "--latency-iters", "20", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.elapsed < 60, f"mccl doctor --local 2 took {r.elapsed:.0f} s"
+    hosts = table_rows(r.stdout, "Hosts")
+    assert [row[:4] for row in hosts[1:]] == [["0", "local", "127.0.0.1", "yes"], ["1", "local", "127.0.0.1", "yes"]]
+    links = table_rows(r.stdout, "Links")
+    assert links[0][:5] == ["pair", "hosts", "latency µs", "a→b GB/s", "b→a GB/s"]
+    (pair,) = [row for row in links[1:] if row[0] == "(0, 1)"]
+    latency, ab, ba = (float(x) for x in pair[2:5])
+    assert latency > 0 and ab > 0 and ba > 0, pair
+    allreduce = table_rows(r.stdout, "Allreduce")
+    assert allreduce[0] == ["ranks", "size", "time ms", "algbw GB/s", "busbw GB/s"]
+    assert allreduce[1][:2] == ["2", "16 MiB"] and float(allreduce[1][4]) > 0
+    assert "all checks passed" in r.stderr
+
+
+def test_doctor_reports_an_unreachable_host_and_does_not_measure(tmp_path):
+    hostfile = tmp_path / "fleet.yaml"
+    hostfile.write_text("hosts:\n  - {name: mac-0, addr: 127.0.0.1}\n  - {name: unreachable, addr: 127.0.0.2}\n")
+    r = run_mccl("doctor", "--hostfile", hostfile, env=env_with_fake_ssh())
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert ("unreachable: no answer (exit code 255): ssh: connect to host unreachable port 22: Connection refused"
+            in r.stderr)
+    assert "255 is ssh's own exit code" in r.stderr
+    assert "not measuring the links" in r.stderr and "Links" not in r.stdout
+    rows = table_rows(r.stdout, "Hosts")
+    assert rows[1][3] == "yes" and rows[2][:4] == ["1", "unreachable", "127.0.0.2", "no (exit 255)"]
+
+
+def test_doctor_reports_a_busy_master_port(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = run_mccl("doctor", "--local", "2", "--master-port", port, cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "local: the master port cannot be bound" in r.stderr and "not measuring the links" in r.stderr
+    assert table_rows(r.stdout, "Hosts")[1][-1] == "in use"
+
+
+def test_doctor_reports_a_measurement_that_runs_out_of_time(tmp_path):
+    r = run_mccl("doctor", "--local", "2", "--timeout", "0.5", cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "the ranks did not finish within 0.5 s: stopping them" in r.stderr
+    assert "the measurement failed (timeout, exit code 124)" in r.stderr and "Links" not in r.stdout
