@@ -1,5 +1,6 @@
 # The two commands a newcomer needs:
-#   make demo   creates .venv, installs torch and this package, runs the demo on $(NPROC) local ranks
+#   make demo   creates .venv, installs torch, Lightning and this package, then fine-tunes the ViT recipe on
+#               2 local CPU ranks over loopback (configs/vit_local.yaml)
 #   make test   the same setup, then the engine's C++ tests (also under ASan+UBSan) and the pytest suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -13,7 +14,7 @@ BIN := $(abspath $(VENV))/bin
 CMAKE := $(BIN)/cmake
 CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(BIN)/ninja -DMCCL_BUILD_TESTS=ON
 
-.PHONY: demo test test-engine test-sanitize test-tsan test-python build clean
+.PHONY: demo collective-check test test-engine test-sanitize test-tsan test-python build clean
 
 $(VENV)/.deps: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +26,10 @@ build: $(VENV)/.deps
 	$(PY) setup.py -q build_ext --inplace
 
 demo: build
+	$(PY) examples/vit_finetune.py fit --config configs/vit_local.yaml
+
+# mccl vs Gloo allreduce on $(NPROC) local ranks: correctness against float64, then a timing table.
+collective-check: build
 	$(PY) examples/collective_check.py --nproc $(NPROC)
 
 test-engine: $(VENV)/.deps
