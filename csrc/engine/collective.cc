@@ -4,32 +4,28 @@
 
 namespace mccl {
 
-RequestPtr Collective::send(int peer, const void* data, size_t bytes, uint64_t offset, uint32_t step) {
+FrameHeader Collective::frame(uint64_t offset, uint64_t count, uint32_t step) const {
   FrameHeader h = identity_;
   h.offset = offset;
+  h.count = count;
   h.step = step;
-  return transport_.post_send(peer, h, data, bytes);
+  return h;
+}
+
+RequestPtr Collective::send(int peer, const void* data, size_t bytes, uint64_t offset, uint32_t step) {
+  return transport_.post_send(peer, frame(offset, identity_.count, step), data, bytes);
 }
 
 RequestPtr Collective::recv(int peer, void* data, size_t bytes, uint64_t offset, uint32_t step) {
-  FrameHeader h = identity_;
-  h.offset = offset;
-  h.step = step;
-  return transport_.post_recv(peer, h, data, bytes);
+  return transport_.post_recv(peer, frame(offset, identity_.count, step), data, bytes);
 }
 
 RequestPtr Collective::send_counted(int peer, const void* data, size_t bytes, uint64_t count, uint32_t step) {
-  FrameHeader h = identity_;
-  h.count = count;
-  h.step = step;
-  return transport_.post_send(peer, h, data, bytes);
+  return transport_.post_send(peer, frame(0, count, step), data, bytes);
 }
 
 RequestPtr Collective::recv_counted(int peer, void* data, size_t bytes, uint64_t count, uint32_t step) {
-  FrameHeader h = identity_;
-  h.count = count;
-  h.step = step;
-  return transport_.post_recv(peer, h, data, bytes);
+  return transport_.post_recv(peer, frame(0, count, step), data, bytes);
 }
 
 char* Collective::scratch(int slot, size_t bytes) {

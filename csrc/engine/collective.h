@@ -48,6 +48,9 @@ class Collective {
   size_t piece_bytes(size_t element_size) const;
 
  private:
+  // This collective's header for one frame: its identity with this offset, count and step.
+  FrameHeader frame(uint64_t offset, uint64_t count, uint32_t step) const;
+
   Transport& transport_;
   const Config& config_;
   std::vector<char>* scratch_;  // two slots

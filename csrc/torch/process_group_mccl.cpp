@@ -93,30 +93,31 @@ struct Reduction {
 };
 
 Reduction reduction_of(const c10d::ReduceOp& rop, const at::Tensor& t, const char* op, int rank) {
-  bool complex = t.is_complex();
-  auto fail = [&](const char* name) {
-    C10_THROW_ERROR(ValueError, c10::str("MCCL invalid argument: rank ", rank, ": ", op, " does not support reduce op ",
-                                         name, " on ", dtype_name(t), " tensors"));
-  };
-  switch (rop.op_) {
-    case c10d::ReduceOp::SUM: return {mccl::ReduceOp::kSum, std::nullopt};
-    case c10d::ReduceOp::AVG: return {mccl::ReduceOp::kAvg, std::nullopt};
-    case c10d::ReduceOp::PRODUCT: if (complex) fail("product"); return {mccl::ReduceOp::kProduct, std::nullopt};
-    case c10d::ReduceOp::MIN: if (complex) fail("min"); return {mccl::ReduceOp::kMin, std::nullopt};
-    case c10d::ReduceOp::MAX: if (complex) fail("max"); return {mccl::ReduceOp::kMax, std::nullopt};
-    case c10d::ReduceOp::BAND: if (complex) fail("band"); return {mccl::ReduceOp::kBand, std::nullopt};
-    case c10d::ReduceOp::BOR: if (complex) fail("bor"); return {mccl::ReduceOp::kBor, std::nullopt};
-    case c10d::ReduceOp::BXOR: if (complex) fail("bxor"); return {mccl::ReduceOp::kBxor, std::nullopt};
-    case c10d::ReduceOp::PREMUL_SUM: {
-      auto supplement = c10::static_intrusive_pointer_cast<c10d::NCCLPreMulSumSupplement>(rop.supplement_);
-      at::Tensor factor = supplement->tensor_factor.defined()
-                              ? supplement->tensor_factor.to(at::kCPU)
-                              : at::scalar_tensor(supplement->double_factor, at::kDouble);
-      return {mccl::ReduceOp::kSum, factor};
-    }
-    default: fail("(unknown)");
+  if (rop.op_ == c10d::ReduceOp::PREMUL_SUM) {
+    auto supplement = c10::static_intrusive_pointer_cast<c10d::NCCLPreMulSumSupplement>(rop.supplement_);
+    at::Tensor factor = supplement->tensor_factor.defined() ? supplement->tensor_factor.to(at::kCPU)
+                                                            : at::scalar_tensor(supplement->double_factor, at::kDouble);
+    return {mccl::ReduceOp::kSum, factor};
   }
-  fail("(unknown)");
+  struct Entry {
+    c10d::ReduceOp::RedOpType from;
+    mccl::ReduceOp to;
+    bool complex_ok;  // complex tensors travel as real pairs: only element-wise sums make sense
+  };
+  static const Entry kTable[] = {
+      {c10d::ReduceOp::SUM, mccl::ReduceOp::kSum, true},       {c10d::ReduceOp::AVG, mccl::ReduceOp::kAvg, true},
+      {c10d::ReduceOp::PRODUCT, mccl::ReduceOp::kProduct, false}, {c10d::ReduceOp::MIN, mccl::ReduceOp::kMin, false},
+      {c10d::ReduceOp::MAX, mccl::ReduceOp::kMax, false},      {c10d::ReduceOp::BAND, mccl::ReduceOp::kBand, false},
+      {c10d::ReduceOp::BOR, mccl::ReduceOp::kBor, false},      {c10d::ReduceOp::BXOR, mccl::ReduceOp::kBxor, false},
+  };
+  for (const Entry& e : kTable) {
+    if (e.from != rop.op_) continue;
+    MCCL_TORCH_CHECK(e.complex_ok || !t.is_complex(), "rank ", rank, ": ", op, " does not support reduce op ",
+                     mccl::op_name(e.to), " on ", dtype_name(t), " tensors");
+    return {e.to, std::nullopt};
+  }
+  C10_THROW_ERROR(ValueError, c10::str("MCCL invalid argument: rank ", rank, ": ", op, " got an unknown reduce op (",
+                                       static_cast<int>(rop.op_), ")"));
 }
 
 // ---- staging ------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 Fits (subprocesses, started together, one hard deadline): fit_script.py trains a tiny deterministic model
 for 6 steps on 2 CPU ranks. Lightning's `strategy="ddp"` (Gloo) is the reference; the mccl runs must give
 the same parameters (allclose 1e-6) through `Trainer(strategy="mccl")`, an `MCCLStrategy` instance with
-accelerator="auto", LightningCLI (`--trainer.strategy mccl` and the `class_path` form) and torchrun.
+accelerator="auto", LightningCLI (`--trainer.strategy mccl` and the `class_path` form), torchrun and
+`mccl launch --local 1 --nproc-per-node 2`.
 `mccl_bf16_compress` must equal MCCLStrategy(process_group_backend="gloo", compress="bf16") and differ from
 the uncompressed result (so the hook really ran on CPU, where DDPStrategy registers none).
 
@@ -43,6 +44,9 @@ LAUNCHES = {
     "torchrun": lambda out: [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                              "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                              SCRIPT, out, "mccl", "--lightning-first"],
+    # the package's own launcher: one "host" (this machine) running 2 ranks, as a newcomer would
+    "mccl_launch": lambda out: [sys.executable, "-m", "lightning_mccl.cli", "launch", "--local", "1",
+                                "--nproc-per-node", "2", "--", sys.executable, SCRIPT, out, "mccl"],
 }
 
 
@@ -143,6 +147,7 @@ def test_mccl_group_is_destroyed_at_exit_unlike_lightnings_gloo_group(fits):
     ("lightning_mccl", "cli_string", "LightningEnvironment"),
     ("lightning_mccl", "cli_class_path", "LightningEnvironment"),
     ("torchrun", "mccl", "TorchElasticEnvironment"),
+    ("mccl_launch", "mccl", "LightningEnvironment"),
 ])
 def test_fit_over_mccl_equals_lightning_ddp_over_gloo(fits, launch, run, environment):
     ref = reference(fits)

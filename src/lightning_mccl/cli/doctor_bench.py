@@ -48,36 +48,31 @@ def pair_rounds(n: int) -> List[List[Tuple[int, int]]]:
     return rounds
 
 
-def _ping_pong(dist, torch, peer: int, lead: bool, iters: int) -> Optional[float]:
-    buf = torch.zeros(1, dtype=torch.float32)
-    rtts = []
+def _round_trips(dist, peer: int, lead: bool, out, back, iters: int) -> Optional[float]:
+    """Median time for the lead to send `out` and get `back` in return (None on the other side)."""
+    times = []
     for i in range(WARMUP + iters):
         if lead:
             t0 = time.perf_counter()
-            dist.send(buf, peer)
-            dist.recv(buf, peer)
+            dist.send(out, peer)
+            dist.recv(back, peer)
             if i >= WARMUP:
-                rtts.append(time.perf_counter() - t0)
+                times.append(time.perf_counter() - t0)
         else:
-            dist.recv(buf, peer)
-            dist.send(buf, peer)
-    return statistics.median(rtts) if lead else None
+            dist.recv(out, peer)
+            dist.send(back, peer)
+    return statistics.median(times) if lead else None
+
+
+def _ping_pong(dist, torch, peer: int, lead: bool, iters: int) -> Optional[float]:
+    buf = torch.zeros(1, dtype=torch.float32)
+    return _round_trips(dist, peer, lead, buf, buf, iters)
 
 
 def _one_way(dist, torch, peer: int, sending: bool, big, iters: int) -> Optional[float]:
     ack = torch.zeros(1, dtype=torch.float32)
-    times = []
-    for i in range(WARMUP + iters):
-        if sending:
-            t0 = time.perf_counter()
-            dist.send(big, peer)
-            dist.recv(ack, peer)
-            if i >= WARMUP:
-                times.append(time.perf_counter() - t0)
-        else:
-            dist.recv(big, peer)
-            dist.send(ack, peer)
-    return big.numel() * big.element_size() / statistics.median(times) if sending else None
+    median = _round_trips(dist, peer, sending, big, ack, iters)
+    return big.numel() * big.element_size() / median if sending else None
 
 
 def measure(size_bytes: int, iters: int, latency_iters: int) -> Optional[dict]:
