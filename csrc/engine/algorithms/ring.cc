@@ -25,7 +25,6 @@ namespace {
 
 int wrap(int value, int n) { return ((value % n) + n) % n; }
 
-
 // Pieces of a segment: at least one (an empty frame still tells the peer what we called),
 // the last one clamped to the segment's end.
 struct Pieces {
