@@ -216,9 +216,46 @@ void WorkMCCL::complete(std::exception_ptr error) {
   else future_->markCompleted(c10::IValue(outputs_));
 }
 
-bool WorkMCCL::isCompleted() { return future_->completed(); }
-bool WorkMCCL::isSuccess() const { return future_->completed() && !future_->hasError(); }
-std::exception_ptr WorkMCCL::exception() const { return future_->hasError() ? future_->exception_ptr() : nullptr; }
+bool WorkMCCL::engine_finished(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  engine_done_ = true;
+  engine_error_ = error ? to_torch(error) : nullptr;
+  return future_wanted_;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkMCCL::getFuture() {
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (future_wanted_ || !engine_done_) {
+      future_wanted_ = true;  // engine_finished() will have the pool complete it
+      return future_;
+    }
+    future_wanted_ = true;
+    error = engine_error_;
+  }
+  complete(error);  // finished before anyone asked: complete it here, on the caller's thread
+  return future_;
+}
+
+bool WorkMCCL::isCompleted() {
+  if (staged_) return future_->completed();
+  std::lock_guard<std::mutex> lock(mu_);
+  return engine_done_;
+}
+
+bool WorkMCCL::isSuccess() const {
+  if (staged_) return future_->completed() && !future_->hasError();
+  std::lock_guard<std::mutex> lock(mu_);
+  return engine_done_ && !engine_error_;
+}
+
+std::exception_ptr WorkMCCL::exception() const {
+  if (staged_) return future_->hasError() ? future_->exception_ptr() : nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  return engine_error_;
+}
+
 int WorkMCCL::sourceRank() const { return engine_work_ ? engine_work_->source() : -1; }
 std::vector<at::Tensor> WorkMCCL::result() { return outputs_; }
 
@@ -231,8 +268,10 @@ bool WorkMCCL::wait(std::chrono::milliseconds timeout) {
     C10_THROW_ERROR(DistBackendError, c10::str("MCCL timeout: ", c10d::opTypeToString(opType_),
                                                " did not complete within ", timeout.count(), " ms"));
   }
-  future_->wait();  // the completion pool finishes it right after the engine (copy-back included)
-  if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+  if (staged_) {
+    future_->wait();  // the completion pool finishes it right after the engine (copy-back included)
+    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+  }
   return true;
 }
 
@@ -306,16 +345,18 @@ class CompletionPool {
 };
 
 // Queues one engine operation for a WorkMCCL. When it ends, the completion pool copies staged outputs
-// back to their devices and completes the Work's future.
+// back to their devices and completes the Work's future; unstaged work completes its future lazily.
 template <typename Launch>
 c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs, Staging staging,
                                       std::chrono::milliseconds timeout, Launch&& start) {
   auto work = c10::make_intrusive<WorkMCCL>(type, std::move(outputs), timeout);
   WorkMCCL* raw = work.get();
   c10::raw::intrusive_ptr::incref(raw);  // the engine callback owns one reference until it runs
+  if (!staging->empty()) work->set_staged();
   mccl::Callback done = [raw, staging](std::exception_ptr error) {
-    CompletionPool::instance().post([raw, staging, error]() mutable {
-      auto owned = c10::intrusive_ptr<WorkMCCL>::reclaim(raw);
+    auto owned = c10::intrusive_ptr<WorkMCCL>::reclaim(raw);
+    if (!owned->engine_finished(error)) return;  // unstaged, no Future asked for yet
+    CompletionPool::instance().post([owned = std::move(owned), staging, error]() mutable {
       if (!error) {
         try {
           for (const auto& s : *staging) unstage(s);

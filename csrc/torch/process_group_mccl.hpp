@@ -5,6 +5,10 @@
 // copied to host memory on the caller's thread (which waits for the caller's current stream), and
 // copied back on the engine's progress thread under a guard for that same stream when the collective
 // completes. Each operation returns a WorkMCCL whose Future holds the output tensors.
+//
+// Latency: a blocking call (dist.all_reduce without async_op) only waits, so WorkMCCL::wait() wakes
+// straight from the engine's completion; the Future of unstaged work is completed only once someone
+// asks for it (getFuture(): DDP's comm hooks, async_op users), which saves a thread hop per call.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -13,6 +17,7 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -31,11 +36,16 @@ class WorkMCCL : public c10d::Work {
   std::vector<at::Tensor> result() override;
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   void synchronize() override {}
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
   // Set once by ProcessGroupMCCL: the engine handle whose completion completes this Work.
   void attach(mccl::WorkPtr engine_work) { engine_work_ = std::move(engine_work); }
-  // Runs on the progress thread when the (last) engine operation ends.
+  // Work with staged outputs completes its Future on the completion pool after the copy-back;
+  // unstaged work completes it lazily (see getFuture).
+  void set_staged() { future_wanted_ = staged_ = true; }
+  // On the progress thread when the engine operation ends: true when the Future must be completed
+  // now (on the completion pool), false when nobody has asked for it yet.
+  bool engine_finished(std::exception_ptr error);
   void complete(std::exception_ptr error);
 
  private:
@@ -43,6 +53,11 @@ class WorkMCCL : public c10d::Work {
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   mccl::WorkPtr engine_work_;
+  mutable std::mutex mu_;        // future_wanted_ / engine_done_ / engine_error_
+  bool staged_ = false;
+  bool future_wanted_ = false;
+  bool engine_done_ = false;
+  std::exception_ptr engine_error_;  // already translated to a torch exception
 };
 
 class ProcessGroupMCCL : public c10d::Backend {
