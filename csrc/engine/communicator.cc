@@ -6,6 +6,7 @@
 #include "log.h"
 #include "netif.h"
 #include "reduce.h"
+#include "thread_name.h"
 
 namespace mccl {
 
@@ -22,7 +23,10 @@ Communicator::Communicator(Store& store, int rank, int size, std::chrono::millis
   transport_ = std::make_unique<Transport>(rank, size, mesh.comm_id, std::move(mesh.peers),
                                            std::move(mesh.peer_addresses), config_.max_message_bytes);
   transport_->set_on_wakeup([this] { drain_commands(); });
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    set_thread_name("mccl-progress");
+    run();
+  });
 }
 
 Communicator::~Communicator() {

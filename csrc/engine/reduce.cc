@@ -14,6 +14,8 @@
 #include <thread>
 #include <type_traits>
 
+#include "thread_name.h"
+
 #include "error.h"
 
 // Runtime SIMD selection on x86-64 Linux with g++: each kernel gets an AVX2 clone and a baseline clone,
@@ -353,7 +355,10 @@ class Pool {
     size_t started = 0;
     for (size_t part = 1; part < width; ++part) {
       try {
-        std::thread([this, part] { worker(part); }).detach();
+        std::thread([this, part] {
+          set_thread_name("mccl-reduce");
+          worker(part);
+        }).detach();
         ++started;
       } catch (const std::exception&) {
         break;  // could not start a thread: use the ones we have (possibly none: inline)

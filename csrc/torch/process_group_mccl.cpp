@@ -6,6 +6,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -15,6 +16,7 @@
 
 #include "error.h"
 #include "reduce.h"
+#include "thread_name.h"
 
 namespace lightning_mccl {
 namespace {
@@ -315,7 +317,10 @@ class CompletionPool {
     tasks_.push_back(std::move(task));
     if (idle_ == 0 && threads_ < kMaxThreads) {
       ++threads_;
-      std::thread([this] { work(); }).detach();
+      std::thread([this] {
+        mccl::set_thread_name("mccl-complete");
+        work();
+      }).detach();
     }
     cv_.notify_one();
   }
@@ -352,7 +357,7 @@ c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor>
   auto work = c10::make_intrusive<WorkMCCL>(type, std::move(outputs), timeout);
   WorkMCCL* raw = work.get();
   c10::raw::intrusive_ptr::incref(raw);  // the engine callback owns one reference until it runs
-  if (!staging->empty()) work->set_staged();
+  if (std::any_of(staging->begin(), staging->end(), [](const Staged& s) { return s.copy_back; })) work->set_staged();
   mccl::Callback done = [raw, staging](std::exception_ptr error) {
     auto owned = c10::intrusive_ptr<WorkMCCL>::reclaim(raw);
     if (!owned->engine_finished(error)) return;  // unstaged, no Future asked for yet
