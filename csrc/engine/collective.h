@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <vector>
 
 #include "config.h"
@@ -20,11 +21,31 @@ struct Segment {
   uint64_t offset = 0;
 };
 
+// Buffers for compressed payloads (MCCL_WIRE_DTYPE), owned by the communicator and reused: each one is
+// held by the request that uses it and goes back to the free list once that request is done, so the
+// memory in use is what is in flight, not the whole message.
+class WireBuffers {
+ public:
+  // A buffer of at least `bytes`, held by `request` once hold() is called.
+  char* take(size_t bytes);
+  void hold(RequestPtr request) { in_use_.back().request = std::move(request); }
+  void release_all();  // after a collective: none of its requests is pending any more
+
+ private:
+  struct Entry {
+    std::vector<char> bytes;
+    RequestPtr request;
+  };
+  std::deque<Entry> in_use_;  // in posting order: the oldest requests finish first
+  std::vector<std::vector<char>> free_;
+};
+
 class Collective {
  public:
-  Collective(Transport& transport, const Config& config, std::vector<char>* scratch, FrameHeader identity,
-             Deadline deadline)
-      : transport_(transport), config_(config), scratch_(scratch), identity_(identity), deadline_(deadline) {}
+  Collective(Transport& transport, const Config& config, std::vector<char>* scratch, WireBuffers* wire,
+             FrameHeader identity, Deadline deadline)
+      : transport_(transport), config_(config), scratch_(scratch), wire_(wire), identity_(identity),
+        deadline_(deadline) {}
 
   int rank() const { return transport_.rank(); }
   int size() const { return transport_.size(); }
@@ -32,14 +53,22 @@ class Collective {
   DataType dtype() const { return static_cast<DataType>(identity_.dtype); }
   ReduceOp op() const { return static_cast<ReduceOp>(identity_.reduce_op); }
 
-  // Frames of this collective. `count_override` replaces the header's element count for collectives
-  // whose messages legitimately differ in size (alltoall splits).
+  // Frames of this collective. The _counted forms put `count` in the header instead of the collective's
+  // element count, for collectives whose messages legitimately differ in size (alltoall splits).
+  // With wire compression (compressed()), send narrows float32 data into a wire buffer and recv widens
+  // into `data` when the frame arrives; callers see float32 either way.
   RequestPtr send(int peer, const void* data, size_t bytes, uint64_t offset, uint32_t step);
   RequestPtr recv(int peer, void* data, size_t bytes, uint64_t offset, uint32_t step);
   RequestPtr send_counted(int peer, const void* data, size_t bytes, uint64_t count, uint32_t step);
   RequestPtr recv_counted(int peer, void* data, size_t bytes, uint64_t count, uint32_t step);
   void wait(const RequestPtr& request) { transport_.wait(request, deadline_); }
   void wait_all(const std::vector<RequestPtr>& requests) { transport_.wait_all(requests, deadline_); }
+
+  // Whether float32 payloads travel compressed (MCCL_WIRE_DTYPE) in this collective.
+  bool compressed() const { return identity_.wire_dtype != 0; }
+  // Rounds float32 values to the wire type in place (no-op unless compressed()): for data this rank keeps
+  // and also sends, so that it holds the same bits as the ranks that receive it.
+  void round_to_wire(void* data, size_t bytes);
 
   // Reusable buffers owned by the communicator (slot 0 or 1), at least `bytes` long; contents undefined.
   char* scratch(int slot, size_t bytes);
@@ -50,10 +79,13 @@ class Collective {
  private:
   // This collective's header for one frame: its identity with this offset, count and step.
   FrameHeader frame(uint64_t offset, uint64_t count, uint32_t step) const;
+  RequestPtr post_send(int peer, const FrameHeader& header, const void* data, size_t bytes);
+  RequestPtr post_recv(int peer, const FrameHeader& header, void* data, size_t bytes);
 
   Transport& transport_;
   const Config& config_;
   std::vector<char>* scratch_;  // two slots
+  WireBuffers* wire_;
   FrameHeader identity_;
   Deadline deadline_;
 };

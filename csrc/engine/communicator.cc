@@ -75,6 +75,8 @@ WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, 
     id.reduce_op = static_cast<uint8_t>(op);
     id.root = static_cast<uint16_t>(root);
     id.count = count;
+    if (dtype == DataType::kFloat32 && config_.wire_dtype != DataType::kFloat32)
+      id.wire_dtype = static_cast<uint8_t>(config_.wire_dtype);
     ops_.push_back(Op{id, std::move(body), work});
   }
   transport_->wake();
@@ -297,12 +299,13 @@ void Communicator::run_op(Op& op) {
     transport_->set_context(describe(op.identity));
     log(LogLevel::kTrace, "rank ", rank_, " starts ", describe(op.identity));
     try {
-      Collective c(*transport_, config_, scratch_, op.identity, Clock::now() + timeout_);
+      Collective c(*transport_, config_, scratch_, &wire_buffers_, op.identity, Clock::now() + timeout_);
       op.body(c);
     } catch (...) {
       error = std::current_exception();
       transport_->fail(error);
     }
+    wire_buffers_.release_all();
     transport_->set_context("idle");
   }
   if (error) {

@@ -101,6 +101,7 @@ class Communicator {
   std::string listen_address_;
   std::unique_ptr<Transport> transport_;
   std::vector<char> scratch_[2];
+  WireBuffers wire_buffers_;
 
   std::mutex stop_mu_;  // serialises abort() / shutdown() joining the thread
   mutable std::mutex mu_;

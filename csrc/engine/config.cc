@@ -47,6 +47,13 @@ Config Config::from_env() {
   c.ring_lookahead_bytes = env_bytes("MCCL_RING_LOOKAHEAD_BYTES", c.ring_lookahead_bytes, 0);
   c.socket_buffer_bytes = env_bytes("MCCL_SOCKET_BUFFER_BYTES", c.socket_buffer_bytes, 0);
   c.max_message_bytes = env_bytes("MCCL_MAX_MESSAGE_BYTES", c.max_message_bytes, 1024);
+  if (const char* v = env("MCCL_WIRE_DTYPE")) {
+    std::string wire = v;
+    if (wire == "off" || wire == "none" || wire == "float32" || wire == "fp32") c.wire_dtype = DataType::kFloat32;
+    else if (wire == "bf16" || wire == "bfloat16") c.wire_dtype = DataType::kBFloat16;
+    else if (wire == "fp16" || wire == "float16" || wire == "half") c.wire_dtype = DataType::kFloat16;
+    else fail(Error::Kind::kInvalidArgument, "MCCL_WIRE_DTYPE='", wire, "' is not one of off, bf16, fp16");
+  }
   if (const char* v = env("MCCL_DEBUG")) {
     std::string level = v;
     if (level == "ERROR" || level == "0") c.debug_level = 0;

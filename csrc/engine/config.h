@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "dtype.h"
+
 namespace mccl {
 
 enum class AlgoChoice { kAuto, kRing, kRecursiveDoubling };
@@ -27,6 +29,9 @@ struct Config {
   size_t socket_buffer_bytes = 0;
   // MCCL_MAX_MESSAGE_BYTES: largest frame payload accepted from a peer before any allocation.
   uint64_t max_message_bytes = uint64_t(1) << 36;
+  // MCCL_WIRE_DTYPE: off | bf16 | fp16. Float32 payloads of collectives travel in this type (half the
+  // bytes), rounded to nearest even; kFloat32 means off. Point-to-point send/recv are never compressed.
+  DataType wire_dtype = DataType::kFloat32;
   // MCCL_DEBUG: 0 = errors only, 1 = warnings (default), 2 = info (connections), 3 = trace (every collective).
   int debug_level = 1;
 

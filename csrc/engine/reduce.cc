@@ -196,6 +196,20 @@ MCCL_TARGET_CLONES void kernel_divide(typename C::Storage* __restrict buf, size_
   }
 }
 
+// Wire compression: float32 to and from a half type (C = Half or BFloat), rounding to nearest even.
+template <class C>
+MCCL_TARGET_CLONES void kernel_narrow(uint16_t* __restrict dst, const float* __restrict src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = C::store(src[i]);
+}
+template <class C>
+MCCL_TARGET_CLONES void kernel_widen(float* __restrict dst, const uint16_t* __restrict src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = C::load(src[i]);
+}
+template <class C>
+MCCL_TARGET_CLONES void kernel_round_through(float* __restrict buf, size_t n) {
+  for (size_t i = 0; i < n; ++i) buf[i] = C::load(C::store(buf[i]));
+}
+
 // Type-erased entry points, so dispatch and threading work on one function-pointer type.
 using Kernel = void (*)(void* out, const void* a, const void* b, size_t n, int64_t divisor);
 
@@ -491,6 +505,33 @@ void divide_by(void* buf, size_t count, DataType dtype, int64_t divisor) {
   MCCL_CHECK_ARG(buf != nullptr, "divide_by: null buffer for ", count, " elements");
   MCCL_CHECK_ARG(count <= SIZE_MAX / dtype_size(dtype), "divide_by: count ", count, " is too large");
   launch(k, buf, nullptr, nullptr, count, dtype_size(dtype), divisor);
+}
+
+namespace {
+void require_half(DataType half, const char* what) {
+  MCCL_CHECK_ARG(half == DataType::kFloat16 || half == DataType::kBFloat16, what, ": ", dtype_name(half),
+                 " is not a wire type (float16 or bfloat16)");
+}
+}  // namespace
+
+void narrow_float32(void* dst, const float* src, size_t count, DataType half) {
+  require_half(half, "narrow_float32");
+  auto* out = static_cast<uint16_t*>(dst);
+  if (half == DataType::kBFloat16) kernel_narrow<BFloat>(out, src, count);
+  else kernel_narrow<Half>(out, src, count);
+}
+
+void widen_to_float32(float* dst, const void* src, size_t count, DataType half) {
+  require_half(half, "widen_to_float32");
+  const auto* in = static_cast<const uint16_t*>(src);
+  if (half == DataType::kBFloat16) kernel_widen<BFloat>(dst, in, count);
+  else kernel_widen<Half>(dst, in, count);
+}
+
+void round_float32_through(float* buf, size_t count, DataType half) {
+  require_half(half, "round_float32_through");
+  if (half == DataType::kBFloat16) kernel_round_through<BFloat>(buf, count);
+  else kernel_round_through<Half>(buf, count);
 }
 
 }  // namespace mccl

@@ -25,6 +25,13 @@ void reduce3(void* out, const void* a, const void* b, size_t count, DataType dty
 // divisor must be positive.
 void divide_by(void* buf, size_t count, DataType dtype, int64_t divisor);
 
+// Wire compression (MCCL_WIRE_DTYPE): float32 to and from `half` (kFloat16 or kBFloat16), rounding to
+// nearest even (float16 overflows to +-Inf beyond 65504). round_float32_through(buf) = widen(narrow(buf)),
+// in place: what a rank keeps of values it also sends compressed, so every rank holds the same bits.
+void narrow_float32(void* dst, const float* src, size_t count, DataType half);
+void widen_to_float32(float* dst, const void* src, size_t count, DataType half);
+void round_float32_through(float* buf, size_t count, DataType half);
+
 // Whether op is defined for dtype: SUM/AVG/PRODUCT/MIN/MAX for all numeric types; for bool SUM=OR,
 // PRODUCT=AND, MIN=AND, MAX=OR, BAND/BOR/BXOR as logical; AVG unsupported for bool; BAND/BOR/BXOR only
 // for integer types and bool.

@@ -70,6 +70,13 @@ std::string check_preamble(uint32_t magic, uint16_t version) {
 
 std::string compare_headers(const FrameHeader& expected, const FrameHeader& got, int my_rank) {
   std::ostringstream out;
+  if (expected.wire_dtype != got.wire_dtype && expected.dtype == got.dtype) {
+    auto wire = [](uint8_t w) { return w == 0 ? std::string("uncompressed") : std::string(dtype_name(DataType(w))); };
+    out << "rank " << got.src_rank << " sends " << describe(got) << " as " << wire(got.wire_dtype) << ", but rank "
+        << my_rank << " expects " << wire(expected.wire_dtype)
+        << " payloads: set MCCL_WIRE_DTYPE to the same value on every rank";
+    return out.str();
+  }
   const bool same_call = expected.channel == got.channel && expected.kind == got.kind && expected.seq == got.seq &&
                          expected.dtype == got.dtype && expected.count == got.count &&
                          (!has_reduce(got.kind) || expected.reduce_op == got.reduce_op) &&

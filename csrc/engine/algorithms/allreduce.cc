@@ -40,6 +40,7 @@ void allreduce_ring(Collective& c, void* buf, size_t count) {
 // partner whose new number differs in bit k, for k = 0..log2(p)-1, reducing after each exchange.
 // Unfold: each odd rank of the first 2x hands the result back to its even partner. Reductions are
 // commutative, so both partners compute bit-identical results and every rank ends with the same bytes.
+// With wire compression every rank rounds its operand before each exchange and its result at the end.
 void allreduce_recursive_doubling(Collective& c, void* buf, size_t count) {
   const int n = c.size(), r = c.rank();
   const size_t bytes = count * dtype_size(c.dtype());
@@ -73,12 +74,14 @@ void allreduce_recursive_doubling(Collective& c, void* buf, size_t count) {
       auto real_rank = [extra](int v) { return v < extra ? v * 2 + 1 : v + extra; };
       for (int mask = 1; mask < p; mask <<= 1, ++step) {
         int partner = real_rank(new_rank ^ mask);
+        c.round_to_wire(data, bytes);  // both partners then add the same two (rounded) operands
         auto in = c.recv(partner, incoming, bytes, 0, step);
         auto out = c.send(partner, data, bytes, 0, step);
         c.wait(in);
         c.wait(out);  // `data` is about to change: the send must have left it
         reduce_into(data, incoming, count, c.dtype(), c.op());
       }
+      c.round_to_wire(data, bytes);  // what the folded-out ranks will receive
       if (r < 2 * extra) c.wait(c.send(r - 1, data, bytes, 0, kUnfoldStep));
     }
   }

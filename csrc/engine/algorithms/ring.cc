@@ -15,6 +15,10 @@
 //
 // All-gather schedule: at step s rank r sends segment (r-s) and receives segment (r-s-1) straight
 // into its final place (zero-copy); a received piece is forwarded at step s+1 from where it landed.
+//
+// Wire compression (MCCL_WIRE_DTYPE): pieces travel as bf16/fp16 and are widened on arrival, so the
+// reduce-scatter rounds each partial sum once per hop; the all-gather first rounds this rank's own
+// segment in place, so every rank ends with the same bits.
 #include <algorithm>
 
 #include "../reduce.h"
@@ -108,6 +112,7 @@ void ring_allgather(Collective& c, const std::vector<Segment>& segs, uint32_t st
     }
   }
   const Segment& own = segs[r];
+  c.round_to_wire(own.data, own.bytes);  // this rank keeps what the others receive
   for (size_t p = 0; p < pieces.count(own); ++p) {
     size_t at = pieces.begin(own, p);
     sends.push_back(c.send(right, own.data + at, pieces.length(own, p), own.offset + at, step_base));

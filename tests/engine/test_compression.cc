@@ -1,0 +1,167 @@
+// Wire compression (MCCL_WIRE_DTYPE=bf16/fp16): results against a float64 reference within the documented
+// bound, every rank holding the same bits, the conversion kernels against a scalar reference, and a rank
+// that compresses while its peer does not failing with an error that names the setting.
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "check.h"
+#include "local_world.h"
+#include "reduce.h"
+
+using namespace mccl;
+using mccl_test::run_world;
+
+namespace {
+
+// The unit roundoff of the wire type: relative error of one rounding to nearest.
+double unit_roundoff(DataType wire) { return wire == DataType::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11); }
+
+float input(int rank, size_t i) {
+  std::mt19937 gen(static_cast<uint32_t>(rank * 7919 + i));
+  return std::uniform_real_distribution<float>(-4.0f, 4.0f)(gen);
+}
+
+Config compressed(DataType wire, AlgoChoice algo) {
+  Config c;
+  c.wire_dtype = wire;
+  c.algo = algo;
+  c.chunk_bytes = 64;  // several pieces per ring segment
+  return c;
+}
+
+// Every rank's copy of the result, for the bit-identity check.
+struct Results {
+  std::mutex mu;
+  std::vector<std::vector<float>> of_rank;
+};
+
+}  // namespace
+
+TEST(conversion_kernels_match_scalar_rounding) {
+  // bf16: round to nearest even on the top 16 bits; fp16 of values exact in half must round-trip.
+  std::vector<float> src = {1.0f, -2.5f, 3.14159265f, 1.00390625f /* tie: 1 + 2^-8 */, 1.01171875f /* tie, odd */,
+                            65504.0f, 1e-3f, 0.0f, -0.0f};
+  std::vector<uint16_t> wire(src.size());
+  std::vector<float> back(src.size());
+  narrow_float32(wire.data(), src.data(), src.size(), DataType::kBFloat16);
+  widen_to_float32(back.data(), wire.data(), src.size(), DataType::kBFloat16);
+  CHECK(back[0] == 1.0f && back[1] == -2.5f);
+  CHECK(back[2] == 3.140625f);     // 3.14159 -> nearest bf16
+  CHECK(back[3] == 1.0f);          // tie rounds to even (mantissa ...0)
+  CHECK(back[4] == 1.015625f);     // tie rounds to even (up)
+  CHECK(std::signbit(back[8]) && back[8] == 0.0f);
+  std::vector<float> rounded = src;
+  round_float32_through(rounded.data(), rounded.size(), DataType::kBFloat16);
+  CHECK(std::memcmp(rounded.data(), back.data(), back.size() * sizeof(float)) == 0);
+  narrow_float32(wire.data(), src.data(), src.size(), DataType::kFloat16);
+  widen_to_float32(back.data(), wire.data(), src.size(), DataType::kFloat16);
+  CHECK(back[0] == 1.0f && back[1] == -2.5f && back[5] == 65504.0f);
+  CHECK(std::fabs(back[6] - 1e-3f) <= 1e-3f * unit_roundoff(DataType::kFloat16));
+  float big = 1e6f;
+  uint16_t h;
+  narrow_float32(&h, &big, 1, DataType::kFloat16);
+  widen_to_float32(&back[0], &h, 1, DataType::kFloat16);
+  CHECK(std::isinf(back[0]));  // beyond half's range: documented overflow to Inf
+}
+
+TEST(compressed_allreduce_is_bounded_and_identical_on_every_rank) {
+  for (DataType wire : {DataType::kBFloat16, DataType::kFloat16}) {
+    for (AlgoChoice algo : {AlgoChoice::kRing, AlgoChoice::kRecursiveDoubling}) {
+      for (int world : {2, 3, 4, 5}) {
+        for (size_t count : {size_t(1), size_t(7), size_t(1000)}) {
+          Results results;
+          results.of_rank.resize(world);
+          auto errors = run_world(world, [&](int rank, Communicator& comm) {
+            std::vector<float> buf(count);
+            for (size_t i = 0; i < count; ++i) buf[i] = input(rank, i);
+            comm.allreduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum)->wait();
+            std::lock_guard<std::mutex> lock(results.mu);
+            results.of_rank[rank] = buf;
+          }, std::chrono::seconds(30), compressed(wire, algo));
+          for (int r = 0; r < world; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+          if (!errors[0].empty()) continue;
+          // Each partial sum is rounded at most once per hop (n-1 in the reduce-scatter or log2 steps, plus
+          // the inputs and the final rounding): error <= (n+1) u sum|x_i| to first order.
+          const double u = unit_roundoff(wire);
+          for (size_t i = 0; i < count; ++i) {
+            double exact = 0, magnitude = 0;
+            for (int r = 0; r < world; ++r) exact += input(r, i), magnitude += std::fabs(input(r, i));
+            float got = results.of_rank[0][i], as_wire = got;
+            round_float32_through(&as_wire, 1, wire);
+            CHECK_MSG(got == as_wire, "%s world %d: result %g is not a %s value: the wire was not compressed",
+                      dtype_name(wire), world, got, dtype_name(wire));
+            double err = std::fabs(got - exact);
+            CHECK_MSG(err <= (world + 1) * u * magnitude * 1.01, "%s world %d count %zu i %zu: got %g want %g",
+                      dtype_name(wire), world, count, i, results.of_rank[0][i], exact);
+          }
+          for (int r = 1; r < world; ++r)
+            CHECK_MSG(std::memcmp(results.of_rank[r].data(), results.of_rank[0].data(), count * sizeof(float)) == 0,
+                      "%s world %d count %zu: rank %d differs from rank 0", dtype_name(wire), world, count, r);
+        }
+      }
+    }
+  }
+}
+
+TEST(compressed_broadcast_and_allgather_give_every_rank_the_rounded_values) {
+  const int world = 3;
+  const size_t count = 300;
+  Results gathered, broadcast;
+  gathered.of_rank.resize(world);
+  broadcast.of_rank.resize(world);
+  auto errors = run_world(world, [&](int rank, Communicator& comm) {
+    std::vector<float> in(count), all(count * world), b(count);
+    for (size_t i = 0; i < count; ++i) in[i] = input(rank, i), b[i] = input(1, i);
+    std::vector<char*> outs;
+    for (int k = 0; k < world; ++k) outs.push_back(reinterpret_cast<char*>(all.data() + k * count));
+    comm.allgather(in.data(), count, DataType::kFloat32, outs)->wait();
+    comm.broadcast(b.data(), count, DataType::kFloat32, 1)->wait();
+    std::lock_guard<std::mutex> lock(gathered.mu);
+    gathered.of_rank[rank] = all;
+    broadcast.of_rank[rank] = b;
+  }, std::chrono::seconds(30), compressed(DataType::kBFloat16, AlgoChoice::kAuto));
+  for (int r = 0; r < world; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+  if (!errors[0].empty()) return;
+  for (int r = 0; r < world; ++r) {
+    for (int k = 0; k < world; ++k) {
+      for (size_t i = 0; i < count; ++i) {
+        float want = input(k, i);
+        round_float32_through(&want, 1, DataType::kBFloat16);
+        CHECK_MSG(gathered.of_rank[r][k * count + i] == want, "allgather rank %d slot %d i %zu", r, k, i);
+      }
+    }
+    for (size_t i = 0; i < count; ++i) {
+      float want = input(1, i);
+      round_float32_through(&want, 1, DataType::kBFloat16);
+      CHECK_MSG(broadcast.of_rank[r][i] == want, "broadcast rank %d i %zu", r, i);
+    }
+  }
+}
+
+TEST(one_rank_compressing_alone_is_a_named_mismatch) {
+  mccl_test::MemoryStore store(std::chrono::seconds(10));
+  std::string errors[2];
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      Config config;
+      if (rank == 1) config.wire_dtype = DataType::kBFloat16;
+      try {
+        Communicator comm(store, rank, 2, std::chrono::seconds(10), "127.0.0.1", config);
+        std::vector<float> buf(64, 1.0f);
+        comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum)->wait();
+      } catch (const Error& e) {
+        errors[rank] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK_MSG(errors[rank].find("MCCL_WIRE_DTYPE") != std::string::npos, "rank %d: '%s'", rank, errors[rank].c_str());
+  }
+}
+
+MCCL_TEST_MAIN
