@@ -131,5 +131,5 @@ def plot(path: str, title: str, panels: Sequence[dict]) -> Optional[str]:
 def human_size(nbytes: float) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
+            return f"{nbytes / scale:.4g} {unit}"
     return f"{int(nbytes)} B"
