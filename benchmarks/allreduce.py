@@ -132,8 +132,6 @@ def parse_ops(text: str) -> list:
 
 
 def _series(args) -> list:
-    from sweep.launch import LaunchFailed  # noqa: F401  (imports lightning_mccl early: a clear error if missing)
-
     env = {}
     for item in args.env:
         k, sep, v = item.partition("=")

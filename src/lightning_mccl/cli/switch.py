@@ -24,7 +24,7 @@ from .console import make_log, stderr_console, stdout_console
 EPILOG = """\
 hosts are Linux network namespaces mccl-TAG-hI with one interface `mccl0` (10.213.K.I+1/24) plugged into
 the bridge mc-TAG-br; each link is rate-limited in both directions with tc tbf. Latency is not emulated
-(this kernel has no netem). Needs root or CAP_NET_ADMIN.
+(this kernel has no netem). Needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN).
 """
 
 

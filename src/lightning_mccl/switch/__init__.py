@@ -1,5 +1,5 @@
 """An emulated Ethernet switch for planning a fleet: hosts as Linux network namespaces on a bridge, each link
-rate-limited in both directions with tc (see `fleet`). Linux only; needs root or CAP_NET_ADMIN.
+rate-limited in both directions with tc (see `fleet`). Linux only; needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN).
 
     mccl switch up --hosts 4 --rate 1gbit       # or SwitchFleet(4, "1gbit") in Python
 """

@@ -1,6 +1,6 @@
 """`SwitchFleet`: N emulated hosts on one emulated Ethernet switch, to plan a fleet before buying it.
 
-    with SwitchFleet(hosts=4, rate="1gbit") as fleet:          # needs root (CAP_NET_ADMIN)
+    with SwitchFleet(hosts=4, rate="1gbit") as fleet:          # needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN)
         argv = fleet.exec_argv(2, ["python", "train.py"])       # runs "on host 2"
         fleet.host_ip(0), fleet.ifname                          # MASTER_ADDR, MCCL_SOCKET_IFNAME
 

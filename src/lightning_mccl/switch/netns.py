@@ -30,16 +30,22 @@ def find_tool(name: str) -> str:
                       f"needs iproute2 (Debian/Ubuntu: apt-get install iproute2)")
 
 
-def _has_net_admin() -> bool:
-    """Whether this process holds CAP_NET_ADMIN (bit 12 of the effective capability set)."""
+CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
+
+
+def _missing_caps() -> List[str]:
+    """Capabilities the emulator needs that this process lacks: CAP_NET_ADMIN (links, addresses, qdiscs) and
+    CAP_SYS_ADMIN (`ip netns add` bind-mounts the namespace under /run/netns)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) & (1 << 12))
+                    eff = int(line.split()[1], 16)
+                    return [name for bit, name in ((CAP_NET_ADMIN, "CAP_NET_ADMIN"), (CAP_SYS_ADMIN, "CAP_SYS_ADMIN"))
+                            if not eff & (1 << bit)]
     except (OSError, ValueError):
         pass
-    return os.geteuid() == 0
+    return [] if os.geteuid() == 0 else ["CAP_NET_ADMIN", "CAP_SYS_ADMIN"]
 
 
 def privilege_problem() -> Optional[str]:
@@ -51,9 +57,10 @@ def privilege_problem() -> Optional[str]:
             find_tool(tool)
         except SwitchError as e:
             return str(e)
-    if not _has_net_admin():
-        return ("the switch emulator needs root (or CAP_NET_ADMIN) to create network namespaces, links and "
-                "qdiscs: run it with sudo")
+    missing = _missing_caps()
+    if missing:
+        return (f"the switch emulator needs root ({' and '.join(missing)} missing) to create network namespaces, "
+                f"links and qdiscs: run it with sudo")
     return None
 
 

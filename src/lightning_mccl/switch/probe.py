@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -96,23 +97,38 @@ def _python(fleet, a: int, b: int, seconds: float) -> float:
 
 def _iperf3(fleet, a: int, b: int, seconds: float) -> float:
     port = "5201"  # each host is its own network namespace: nothing else listens there
-    server = _server(fleet, b, ["iperf3", "-s", "-1", "-B", fleet.host_ip(b), "-p", port])
+    # --forceflush: the "Server listening" line arrives at once, and the client starts only after it
+    server = _server(fleet, b, ["iperf3", "-s", "-1", "--forceflush", "-B", fleet.host_ip(b), "-p", port])
     try:
-        for attempt in range(50):
-            client = subprocess.run(
-                fleet.exec_argv(a, ["iperf3", "-c", fleet.host_ip(b), "-p", port, "-t", f"{seconds:g}",
-                                    "-O", f"{SKIP_S:g}", "-J"]),
-                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=seconds + 30)
-            if client.returncode == 0:
-                break
-            if "connection refused" not in (client.stdout + client.stderr).lower() or server.poll() is not None:
-                raise SwitchError(f"probe: iperf3 from host {a} failed: {(client.stdout + client.stderr)[-800:]}")
-            time.sleep(0.1)  # the server is not listening yet
-        else:
-            raise SwitchError(f"probe: iperf3 server on host {b} never accepted a connection")
+        _wait_for_line(server, "Server listening", 15.0, f"the iperf3 server on host {b}")
+        client = subprocess.run(
+            fleet.exec_argv(a, ["iperf3", "-c", fleet.host_ip(b), "-p", port, "-t", f"{seconds:g}",
+                                "-O", f"{SKIP_S:g}", "-J"]),
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=seconds + 30)
+        if client.returncode != 0:
+            raise SwitchError(f"probe: iperf3 from host {a} failed: {(client.stdout + client.stderr)[-800:]}")
         _finish(server, 30, f"the iperf3 server on host {b}")
     finally:
         if server.poll() is None:
             server.kill()
             server.wait()
     return float(json.loads(client.stdout)["end"]["sum_received"]["bits_per_second"])
+
+
+def _wait_for_line(proc: subprocess.Popen, text: str, timeout: float, what: str) -> None:
+    """Reads `proc`'s stdout (raw: no buffer that select cannot see) until `text` appears."""
+    deadline = time.monotonic() + timeout
+    fd = proc.stdout.fileno()
+    seen = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise SwitchError(f"probe: {what} exited: {seen.decode(errors='replace')[-500:]} "
+                              f"{proc.stderr.read()[-500:]}")
+        seen += chunk
+        if text.encode() in seen:
+            return
+    raise SwitchError(f"probe: {what} did not start within {timeout:g} s: {seen.decode(errors='replace')[-500:]}")
