@@ -3,9 +3,11 @@
     mccl launch --hostfile fleet.yaml -- python train.py fit --config vit.yaml
     mccl launch --local 2 -- python train.py fit --config vit.yaml
     mccl doctor --hostfile fleet.yaml          # or --local 2
+    mccl switch up --hosts 4 --rate 1gbit      # an emulated fleet on this Linux machine (root)
 
 `launch` runs a command on every rank of the fleet (see `lightning_mccl.cli.launch`); `doctor` checks the
-fleet and measures its links with the mccl engine (see `lightning_mccl.cli.doctor`).
+fleet and measures its links with the mccl engine (see `lightning_mccl.cli.doctor`); `switch` builds an
+emulated fleet (see `lightning_mccl.cli.switch`).
 """
 from __future__ import annotations
 
@@ -17,11 +19,11 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import doctor, launch
+    from . import doctor, launch, switch
 
     parser = argparse.ArgumentParser(
         prog="mccl", description="Run and check PyTorch training across a fleet of Macs (the mccl backend).")
-    sub = parser.add_subparsers(dest="subcommand", metavar="{launch,doctor}", required=True)
+    sub = parser.add_subparsers(dest="subcommand", metavar="{launch,doctor,switch}", required=True)
     p = sub.add_parser(
         "launch", help="run a command on every rank (one process per host, over ssh; or --local N)",
         description="Run COMMAND as every rank of the fleet, with torchrun's environment variables.",
@@ -35,6 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "hosts (ping-pong latency, one-way bandwidth) and the fleet's allreduce, over mccl.")
     doctor.add_arguments(p)
     p.set_defaults(run=doctor.run, subparser=p)
+    p = sub.add_parser(
+        "switch", help="emulate a fleet on this Linux machine: hosts on a rate-limited switch (root)",
+        description="An emulated Ethernet switch: N hosts as network namespaces, links shaped with tc.",
+        epilog=switch.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    switch.add_arguments(p)
+    p.set_defaults(run=switch.run, subparser=p)
     return parser
 
 

@@ -9,8 +9,11 @@ reached by its own ``ssh`` connection (also the host you launch from), in the la
 LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (and GROUP_RANK, MCCL_NODE_RANK), plus MCCL_SOCKET_IFNAME from the
 host's ``ifname``. ``--local N`` is the same with N "hosts" that are this machine over loopback
 (MASTER_ADDR=127.0.0.1, a free port) and no ssh, so ``Trainer(num_nodes=N)`` runs unchanged on one machine
-(for ``Trainer(devices=P)`` on one machine, use ``--local 1 --nproc-per-node P``). Lightning reads these
-variables through its default LightningEnvironment (LOCAL_RANK set: the processes were started outside).
+(for ``Trainer(devices=P)`` on one machine, use ``--local 1 --nproc-per-node P``). ``--switch TAG`` runs
+host i's ranks inside host i of the emulated switch TAG (`mccl switch up`, Linux and root only): MASTER_ADDR
+is host 0's address there and MCCL_SOCKET_IFNAME its interface, so the ranks talk over the shaped links.
+Lightning reads these variables through its default LightningEnvironment (LOCAL_RANK set: the processes were
+started outside).
 
 What every rank also gets: the launcher's MCCL_* variables (engine tuning such as MCCL_DEBUG; per-host
 ones excepted), the ``--env`` variables, PYTHONUNBUFFERED=1 (so output streams as it is printed) unless
@@ -37,6 +40,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 
 from ..hostfile import Host, Hostfile, HostfileError, load_hostfile
 from . import rank_shim
+from ..switch.netns import exec_argv as netns_exec_argv
 from .supervise import Outcome, RankSpec, Supervisor
 
 DEFAULT_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=15 -o ServerAliveCountMax=4"
@@ -86,7 +90,8 @@ def resolve_command(command: Sequence[str], python: str) -> Tuple[List[str], boo
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """Where and how every rank runs. ``ssh=None``: all hosts are this machine (``--local``)."""
+    """Where and how every rank runs. ``ssh=None``: all hosts are this machine (``--local``), or network
+    namespaces of it (``netns``: host i's ranks run in namespace netns[i], see `lightning_mccl.switch`)."""
 
     hosts: Tuple[Host, ...]
     command: Tuple[str, ...]
@@ -97,6 +102,7 @@ class LaunchPlan:
     cwd: Optional[str] = None
     env: Mapping[str, str] = field(default_factory=dict)
     grace: float = DEFAULT_GRACE_S
+    netns: Optional[Tuple[str, ...]] = None
 
     @property
     def world_size(self) -> int:
@@ -148,6 +154,8 @@ class LaunchPlan:
                                  env=self.rank_env(node_rank, local_rank, base_env), grace=self.grace)
                 if self.ssh is not None:
                     argv = ssh_argv(self.ssh, host.name, argv)
+                elif self.netns is not None:
+                    argv = netns_exec_argv(self.netns[node_rank], argv)
                 specs.append(RankSpec(rank=rank, host=host.name, argv=tuple(argv)))
         return specs
 
@@ -168,7 +176,9 @@ class LaunchPlan:
     def describe(self) -> str:
         n = self.world_size
         ranks = f"{n} rank{'s' if n != 1 else ''}"
-        if self.is_local:
+        if self.netns is not None:
+            where = f"on {len(self.hosts)} emulated host{'s' if len(self.hosts) != 1 else ''} × {self.nproc_per_node}"
+        elif self.is_local:
             where = "on this machine over loopback"
         else:
             where = f"on {len(self.hosts)} host{'s' if len(self.hosts) != 1 else ''} × {self.nproc_per_node}"
@@ -181,6 +191,15 @@ def local_plan(num: int, command: Sequence[str], *, master_port: Optional[int] =
         raise LaunchError(f"--local needs at least 1 rank, got {num}")
     hosts = tuple(Host(name=LOCAL_HOST_NAME, addr=LOCAL_ADDR) for _ in range(num))
     return LaunchPlan(hosts=hosts, command=tuple(command), master_port=master_port or free_port(), **kwargs)
+
+
+def switch_plan(fleet, command: Sequence[str], *, master_port: Optional[int] = None, **kwargs) -> LaunchPlan:
+    """The hosts of an emulated switch (a `lightning_mccl.switch.SwitchFleet` that is up), on this machine.
+    Port: `master_port` or 29500 (host 0 is a namespace of its own: only another job on the same switch
+    could hold it)."""
+    hosts = tuple(Host(name=f"h{i}", addr=fleet.host_ip(i), ifname=fleet.ifname) for i in range(fleet.hosts))
+    return LaunchPlan(hosts=hosts, command=tuple(command), master_port=master_port or 29500,
+                      netns=tuple(fleet.netns(i) for i in range(fleet.hosts)), **kwargs)
 
 
 def hostfile_plan(hostfile: Hostfile, command: Sequence[str], *, ssh: Sequence[str] = tuple(shlex.split(DEFAULT_SSH)),
@@ -231,6 +250,8 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--hostfile", metavar="FILE", help="fleet hostfile (YAML or JSON): the hosts, reached by ssh")
     where.add_argument("--local", metavar="N", type=_positive_int,
                        help="N ranks on this machine over loopback, no ssh (same environment as N hosts)")
+    where.add_argument("--switch", metavar="TAG",
+                       help="the hosts of the emulated switch TAG on this machine (`mccl switch up`; root)")
     parser.add_argument("--master-port", metavar="PORT", type=_port,
                         help="rendezvous port on host 0 (default: the hostfile's master_port; a free port with --local)")
     parser.add_argument("--chdir", metavar="DIR", help="working directory of every rank (default: this one)")
@@ -283,10 +304,17 @@ def plan_from_args(args: argparse.Namespace, command: Sequence[str], *, nproc_pe
     cwd = os.path.abspath(args.chdir) if args.chdir else os.getcwd()
     common = dict(nproc_per_node=nproc_per_node, python=args.python, cwd=cwd, env=dict(env or {}),
                   grace=args.grace, master_port=args.master_port)
-    if args.local is not None:
+    if args.local is not None or getattr(args, "switch", None) is not None:
         if not os.path.isdir(cwd):
             raise LaunchError(f"--chdir {args.chdir}: no such directory")
-        return local_plan(args.local, command, **common)
+        if args.local is not None:
+            return local_plan(args.local, command, **common)
+        from ..switch import SwitchError, SwitchFleet
+
+        try:
+            return switch_plan(SwitchFleet.attach(args.switch), command, **common)
+        except (SwitchError, ValueError) as e:
+            raise LaunchError(f"--switch {args.switch}: {e}") from None
     try:
         ssh = shlex.split(args.ssh)
     except ValueError as e:

@@ -1,0 +1,92 @@
+"""Where a benchmark's ranks run: N processes on this machine over loopback, or one per host of an emulated
+switch (`lightning_mccl.switch`), started and supervised by `mccl launch`'s machinery (a hard timeout; the
+first failing rank stops the others; every rank's output on stderr, prefixed ``[host rN]``).
+
+    with placement(nproc=4, hosts=4, rate="1gbit") as where:   # builds a throwaway switch, removes it after
+        where.run([sys.executable, "worker.py"], env={...}, timeout=600)
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass, field
+from typing import Dict, Iterator, Optional, Sequence
+
+from lightning_mccl.cli.launch import local_plan, supervise, switch_plan
+from lightning_mccl.cli.supervise import PrefixedOutput
+from lightning_mccl.switch import SwitchFleet, random_tag
+
+
+class LaunchFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class Placement:
+    nproc: int
+    fleet: Optional[SwitchFleet] = None
+    log: object = None
+    _port: int = 29500
+    header: Dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ifname(self) -> str:
+        return self.fleet.ifname if self.fleet is not None else "lo"
+
+    def link_goodput_gbps(self):
+        """GB/s of TCP payload an emulated link carries (None on loopback): busbw's ceiling there."""
+        if self.fleet is None:
+            return None
+        from lightning_mccl.switch.rates import line_rate_goodput
+
+        return line_rate_goodput(self.fleet.rate_bps) / 8 / 1e9
+
+    def describe(self) -> str:
+        if self.fleet is None:
+            return f"{self.nproc} ranks on this machine over loopback"
+        per = self.nproc // self.fleet.hosts
+        return f"{self.nproc} ranks on an emulated {self.fleet.describe()}" + (f", {per} per host" if per > 1 else "")
+
+    def run(self, command: Sequence[str], *, env: Dict[str, str], timeout: float) -> None:
+        """Runs `command` as every rank; LaunchFailed naming the failing rank if any fails or time runs out."""
+        env = {"GLOO_SOCKET_IFNAME": self.ifname, **env}
+        if self.fleet is None:
+            plan = local_plan(self.nproc, command, env=env, grace=5.0)
+        else:
+            self._port += 1  # a fresh rendezvous port per launch, inside host 0's namespace
+            plan = switch_plan(self.fleet, command, env=env, grace=5.0, master_port=self._port,
+                               nproc_per_node=self.nproc // self.fleet.hosts)
+        specs = plan.rank_specs()
+        log = self.log or (lambda m: sys.stderr.write(m + "\n"))
+        outcome = supervise(plan, log=log, output=PrefixedOutput(specs, stream=sys.stderr), fail_fast=True,
+                            timeout=timeout)
+        if outcome.returncode != 0:
+            who = f"rank {outcome.failed.spec.rank} exited with code {outcome.failed.returncode}" \
+                if outcome.failed is not None else f"{outcome.reason}, exit code {outcome.returncode}"
+            raise LaunchFailed(f"the benchmark ranks failed ({who}); their output is above")
+
+
+@contextlib.contextmanager
+def placement(nproc: int, hosts: Optional[int] = None, rate: str = "1gbit", switch: Optional[str] = None,
+              burst: Optional[str] = None, log=None) -> Iterator[Placement]:
+    """Loopback (hosts and switch None); a new switch of `hosts` hosts at `rate`, removed on exit; or the
+    running switch tagged `switch`. nproc must be a multiple of the number of hosts."""
+    if hosts is None and switch is None:
+        yield Placement(nproc, log=log)
+        return
+    if switch is not None:
+        fleet = SwitchFleet.attach(switch)
+        _check(nproc, fleet.hosts)
+        yield Placement(nproc, fleet, log=log)
+        return
+    _check(nproc, hosts)
+    fleet = SwitchFleet(hosts, rate, tag=random_tag(), burst=burst)
+    with fleet:
+        if log:
+            log(f"emulated {fleet.describe()}")
+        yield Placement(nproc, fleet, log=log)
+
+
+def _check(nproc: int, hosts: int) -> None:
+    if nproc % hosts:
+        raise ValueError(f"--nproc {nproc} does not spread evenly over {hosts} hosts")

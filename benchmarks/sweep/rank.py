@@ -1,0 +1,70 @@
+"""Inside one benchmark rank: the process groups, and interleaved timing.
+
+Every rank joins a Gloo control group (the default group: results and iteration counts travel there, never
+through a backend under test), plus one group per series. Groups of different backends live side by side
+in the same processes, so mccl and Gloo run on the same ranks, cores and links in the same run.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .series import Series
+
+
+def init_groups(series: Sequence[Series], timeout_s: float) -> Dict[str, object]:
+    """env:// rendezvous (the launcher's MASTER_ADDR, RANK, ...); returns {series label: process group}."""
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
+    if any(s.backend == "mccl" for s in series):
+        import lightning_mccl  # noqa: F401  (registers the backend)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+    return {s.label: dist.new_group(backend=s.backend) for s in series}
+
+
+def say(message: str) -> None:
+    if dist.get_rank() == 0:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+
+def interleaved_times(runs: Sequence[Tuple[Callable[[], None], object]], *, warmup: int, iters: int,
+                      min_iters: int, budget_s: float) -> List[List[float]]:
+    """Times every run (fn, group) repetition by repetition, the runs taking turns within each repetition
+    (rotating who goes first), so that a change in machine load hits all of them alike.
+
+    Each timing is barrier, then fn() alone; a repetition's time is the slowest rank's. The number of
+    repetitions is `iters`, cut down to fit `budget_s` (estimated from the last warm-up) but never below
+    `min_iters`; every rank agrees on it through the control group. Returns times[k] for run k, in seconds.
+    """
+    est = torch.zeros(len(runs), dtype=torch.float64)
+    for k, (fn, group) in enumerate(runs):
+        for _ in range(max(1, warmup)):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            fn()
+            est[k] = time.perf_counter() - t0
+    dist.all_reduce(est, op=dist.ReduceOp.MAX)
+    n = max(min_iters, min(iters, int(budget_s / max(float(est.sum()), 1e-9))))
+    times = torch.zeros(n, len(runs), dtype=torch.float64)
+    for i in range(n):
+        for j in range(len(runs)):
+            k = (i + j) % len(runs)
+            fn, group = runs[k]
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            fn()
+            times[i, k] = time.perf_counter() - t0
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    return [times[:, k].tolist() for k in range(len(runs))]
+
+
+def summarize(times: Sequence[float]) -> Dict[str, float]:
+    return {"iters": len(times), "time_median_s": statistics.median(times), "time_min_s": min(times),
+            "time_max_s": max(times)}

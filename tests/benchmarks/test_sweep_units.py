@@ -1,0 +1,83 @@
+"""The benchmark harness's own pieces, in one process: series and sizes parsing, the correctness check of
+every collective against float64, the report files."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sweep import report
+from sweep.ops import OPS, Buffers, element_count
+from sweep.series import launch_groups, parse_series
+from sweep.sizes import parse_size, size_sweep
+
+
+def test_series_parsing_and_launch_groups():
+    s = parse_series("mccl,mccl:MCCL_ALGO=ring:rtol=1e-3,gloo", {"OMP_NUM_THREADS": "1"})
+    assert [x.label for x in s] == ["mccl", "mccl[MCCL_ALGO=ring]", "gloo"]
+    assert s[1].env_dict == {"MCCL_ALGO": "ring", "OMP_NUM_THREADS": "1"} and s[1].rtol == 1e-3
+    # the engine reads MCCL_* once per process: a series with its own MCCL_* variables needs its own launch;
+    # Gloo ignores them and shares the launch of plain mccl
+    assert [[x.label for x in g] for g in launch_groups(s)] == [["mccl", "gloo"], ["mccl[MCCL_ALGO=ring]"]]
+    assert parse_series("gloo,mccl:MCCL_X=1:label=x")[1].label == "x"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nccl", "unknown backend 'nccl'"),
+    ("mccl:ALGO", "'ALGO' is not KEY=VALUE"),
+    ("mccl:algo=ring", "neither an environment variable"),
+    ("mccl,mccl", "appear twice"),
+    ("mccl:rtol=x", "is not a number"),
+])
+def test_series_errors(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_series(text)
+
+
+def test_sizes():
+    assert parse_size("4K") == 4096 and parse_size("256M") == 256 << 20 and parse_size("100") == 100
+    assert size_sweep(4096, 256 << 20, 2)[-1] == 256 << 20 and len(size_sweep(4096, 256 << 20, 2)) == 17
+    assert size_sweep(4 << 10, 1 << 20, 4) == [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20]
+    with pytest.raises(ValueError, match="4X"):
+        parse_size("4X")
+    with pytest.raises(ValueError, match="at least 2"):
+        size_sweep(1, 2, 1)
+
+
+def _fake_result(b: Buffers) -> None:
+    """What a correct collective leaves in b.out, computed independently of Buffers.expected: every rank's
+    full input vector v_q, then the op's definition."""
+    n, r, c = b.world, b.rank, b.shard
+    full = [(b.x.double() * (1 + q) + q / 4).to(b.dtype).double() for q in range(n)]
+    if b.op == "allreduce":
+        want = sum(full)
+    elif b.op == "broadcast":
+        want = full[0]
+    elif b.op == "allgather":
+        want = torch.cat([full[q][q * c:(q + 1) * c] for q in range(n)])
+    elif b.op == "reduce_scatter":
+        want = sum(full)[r * c:(r + 1) * c]
+    else:  # alltoall
+        want = torch.cat([full[q][r * c:(r + 1) * c] for q in range(n)])
+    b.out.copy_(want)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_check_accepts_right_and_rejects_wrong_results(op):
+    world, rank = 3, 1
+    count = element_count(op, 3000 * 4 + 4, world, 4)
+    assert count % world == 0 or not OPS[op].sharded
+    b = Buffers(op, count, rank, world, torch.float32)
+    _fake_result(b)
+    assert b.check() <= b.default_rtol()
+    b.out[len(b.out) // 2] += 0.01 * b.out.abs().max()
+    assert b.check() == pytest.approx(0.01, rel=0.05)
+
+
+def test_report_files(tmp_path):
+    rows = [{"size_bytes": 4096, "series": "mccl", "x": 1.5}, {"size_bytes": 8192, "series": "gloo", "y": "a"}]
+    report.write_csv(tmp_path / "r.csv", rows)
+    back = report.read_csv(tmp_path / "r.csv")
+    assert list(back[0]) == ["size_bytes", "series", "x", "y"] and back[1]["y"] == "a"
+    md = report.markdown("T", {"command": "x --y", "where": "here"}, (["a", "b"], [["1", "2"]]), ["note"])
+    assert "- command: `x --y`" in md and "| a | b |\n|---|---|\n| 1 | 2 |" in md and md.endswith("note\n")
+    assert report.human_size(4096) == "4 KiB" and report.human_size(256 << 20) == "256 MiB"
