@@ -296,8 +296,8 @@ void Communicator::drain_commands_after_failure() {
 void Communicator::run_op(Op& op) {
   std::exception_ptr error = transport_->fatal_error();
   if (!error) {
-    transport_->set_context(describe(op.identity));
-    log(LogLevel::kTrace, "rank ", rank_, " starts ", describe(op.identity));
+    transport_->set_context(op.identity);
+    if (log_enabled(LogLevel::kTrace)) log(LogLevel::kTrace, "rank ", rank_, " starts ", describe(op.identity));
     try {
       Collective c(*transport_, config_, scratch_, &wire_buffers_, op.identity, Clock::now() + timeout_);
       op.body(c);
@@ -306,7 +306,7 @@ void Communicator::run_op(Op& op) {
       transport_->fail(error);
     }
     wire_buffers_.release_all();
-    transport_->set_context("idle");
+    transport_->set_idle();
   }
   if (error) {
     std::lock_guard<std::mutex> lock(mu_);

@@ -192,7 +192,7 @@ void Transport::timeout(const std::vector<RequestPtr>& pending) {
     if (r->type == Request::Type::kSend) what += "sending to " + peer_name(r->peer);
     else what += "a message from " + (r->peer == kAnySource ? std::string("any rank") : peer_name(r->peer));
   }
-  Error error(Error::Kind::kTimeout, "MCCL timeout: rank " + std::to_string(rank_) + " timed out in " + context_ +
+  Error error(Error::Kind::kTimeout, "MCCL timeout: rank " + std::to_string(rank_) + " timed out in " + context() +
                                          " waiting for " + what +
                                          ". That peer is stopped, hung, or not calling the same collective.");
   fail(std::make_exception_ptr(error));
@@ -453,7 +453,7 @@ void Transport::fail_pair(const Pair& pair, const Error& cause) {
   std::string message = cause.what();
   if (kind == Error::Kind::kConnection) {
     message = "MCCL connection error: rank " + std::to_string(rank_) + " lost its connection to " +
-              peer_name(pair.rank) + " during " + context_ + " (" + cause.what() +
+              peer_name(pair.rank) + " during " + context() + " (" + cause.what() +
               "). That process probably exited or crashed: look at its log for the first error.";
   }
   Error error(kind, message);

@@ -74,8 +74,10 @@ class Transport {
   void wake();
   void set_on_wakeup(std::function<void()> fn) { on_wakeup_ = std::move(fn); }
 
-  // What is running now ("allreduce #12 of 1024 float32 (sum)"), for error messages.
-  void set_context(std::string context) { context_ = std::move(context); }
+  // What is running now, for error messages ("allreduce #12 of 1024 float32 (sum)"); described only
+  // when a message needs it, so the data path builds no strings. idle(): nothing is running.
+  void set_context(const FrameHeader& op) { context_ = op, busy_ = true; }
+  void set_idle() { busy_ = false; }
 
   // Makes `error` the fatal error (the first one wins), fails everything pending, shuts the sockets.
   // With notify_peers, first tells each peer the cause (an abort frame); a clean shutdown does not.
@@ -127,7 +129,9 @@ class Transport {
   int wake_read_ = -1;
   int wake_write_ = -1;
   std::function<void()> on_wakeup_;
-  std::string context_ = "idle";
+  std::string context() const { return busy_ ? describe(context_) : "idle"; }
+  FrameHeader context_;
+  bool busy_ = false;
   std::exception_ptr fatal_;
 };
 
