@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import explain, run_script
+from bench_runner import explain, run_script
 from lightning_mccl.switch import SwitchError, SwitchFleet, measure_goodput, privilege_problem, random_tag, rates
 from lightning_mccl.cli import main as cli_main
 from lightning_mccl.switch import netns
