@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -74,6 +75,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:
         return worker(args.worker)
+    # SIGTERM as an exception: the ranks are stopped and a throwaway switch is taken down on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     log = lambda m: sys.stderr.write(f"bench: {m}\n")  # noqa: E731
     try:
         ops = parse_ops(args.op)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -67,6 +68,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.worker)
+    # SIGTERM as an exception: the ranks are stopped and a throwaway switch is taken down on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     log = lambda m: sys.stderr.write(f"bench: {m}\n")  # noqa: E731
     try:
         env = dict(_kv(item) for item in args.env)

@@ -14,7 +14,7 @@ interleaved with mccl repetition by repetition. An mpi4py series is always a lau
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 BACKENDS = ("mccl", "gloo", "mpi4py")
