@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"collective(s), comma-separated, or all: {', '.join(OPS)} (default: %(default)s)")
     p.add_argument("--series", default=None,
                    help="comma-separated BACKEND[:ENV=VAL][:label=L][:rtol=X] (default: mccl,gloo)")
-    p.add_argument("--backends", default=None, help="plain list of backends, e.g. mccl,gloo (same as --series)")
+    p.add_argument("--backends", default=None,
+                   help="plain list of backends: mccl, gloo, mpi4py (loopback only, by mpirun, TCP)")
     p.add_argument("--nproc", type=int, default=None, help="ranks (default: 4, or one per emulated host)")
     p.add_argument("--hosts", type=int, default=None, help="run on a throwaway emulated switch of N hosts")
     p.add_argument("--rate", default="1gbit", help="link rate of the emulated hosts (default: %(default)s)")
@@ -73,6 +75,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:
         return worker(args.worker)
+    # SIGTERM as an exception: the ranks are stopped and a throwaway switch is taken down on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     log = lambda m: sys.stderr.write(f"bench: {m}\n")  # noqa: E731
     try:
         ops = parse_ops(args.op)
@@ -107,8 +111,8 @@ def main(argv=None) -> int:
                 env = {}
                 for s in group:
                     env.update(s.env_dict)
-                where.run([sys.executable, os.path.abspath(__file__), "--worker", spec_path], env=env,
-                          timeout=args.timeout)
+                run = where.run_mpi if group[0].backend == "mpi4py" else where.run
+                run([sys.executable, os.path.abspath(__file__), "--worker", spec_path], env=env, timeout=args.timeout)
                 with open(spec["result"]) as f:
                     rows += json.load(f)["rows"]
     except (LaunchFailed, ValueError, RuntimeError) as e:
@@ -141,10 +145,16 @@ def _series(args) -> list:
     if args.series and args.backends:
         raise ValueError("give --series or --backends, not both")
     text = args.series or args.backends or "mccl,gloo"
-    names = [t.split(":")[0].strip() for t in text.split(",")]
-    if "mpi4py" in names:
-        raise ValueError("mpi4py: the mpi4py series is not implemented in this harness (see NOTES-bench.md)")
-    return parse_series(text, env)
+    series = parse_series(text, env)
+    if any(s.backend == "mpi4py" for s in series):
+        from sweep import mpi
+
+        if not mpi.available():
+            raise ValueError("series mpi4py: `import mpi4py` fails here (pip install mpi4py, with an MPI library "
+                             "such as Open MPI installed)")
+        if args.dtype == "bfloat16":
+            raise ValueError("series mpi4py: MPI has no bfloat16; use another --dtype")
+    return series
 
 
 # -- the ranks ------------------------------------------------------------------------------------------------
@@ -152,37 +162,61 @@ def _series(args) -> list:
 
 def worker(spec_path: str) -> int:
     import torch
-    import torch.distributed as dist
-
-    from sweep.rank import init_groups
 
     with open(spec_path) as f:
         spec = json.load(f)
     series = [Series.from_json(s) for s in spec["series"]]
-    groups = init_groups(series, spec["pg_timeout"])
     dtype = getattr(torch, spec["dtype"])
+    if series[0].backend == "mpi4py":
+        return mpi_worker(spec, series, dtype)
+    import torch.distributed as dist
+
+    from sweep.rank import dist_max_reduce, init_groups
+
+    groups = init_groups(series, spec["pg_timeout"])
     rows = []
     for op in spec["ops"]:
         for size in spec["sizes"]:
-            rows += measure(op, size, series, groups, spec, dtype)
+            runners = {s.label: (lambda bufs, g=groups[s.label]: bufs.run(g),
+                                 lambda g=groups[s.label]: dist.barrier(group=g)) for s in series}
+            rows += measure(op, size, series, runners, dist_max_reduce, dist.get_rank(), dist.get_world_size(),
+                            spec, dtype)
     if dist.get_rank() == 0:
-        with open(spec["result"], "w") as f:
-            json.dump({"rows": rows}, f)
+        _write_result(spec, rows)
     dist.barrier()
     dist.destroy_process_group()
     return 0
 
 
-def measure(op: str, size: int, series, groups, spec: dict, dtype) -> list:
-    """One op at one size: check every series once, then time them interleaved. Rows (rank 0's are kept)."""
+def mpi_worker(spec: dict, series: list, dtype) -> int:
+    from sweep import mpi
+
+    c = mpi.comm()
+    rows = []
+    for op in spec["ops"]:
+        for size in spec["sizes"]:
+            runners = {s.label: (lambda bufs, op=op: mpi.run(op, bufs, c), c.Barrier) for s in series}
+            rows += measure(op, size, series, runners, mpi.max_reduce(c), c.Get_rank(), c.Get_size(), spec, dtype)
+    if c.Get_rank() == 0:
+        _write_result(spec, rows)
+    c.Barrier()
+    return 0
+
+
+def _write_result(spec: dict, rows: list) -> None:
+    with open(spec["result"], "w") as f:
+        json.dump({"rows": rows}, f)
+
+
+def measure(op: str, size: int, series, runners: dict, max_reduce, rank: int, world: int, spec: dict,
+            dtype) -> list:
+    """One op at one size: check every series once, then time them interleaved. runners[label] = (run(bufs),
+    barrier()). Returns the rows (every rank has the same, through max_reduce)."""
     import torch
-    import torch.distributed as dist
 
     from sweep.ops import Buffers, element_count
     from sweep.rank import interleaved_times, say, summarize
 
-    rank, world = dist.get_rank(), dist.get_world_size()
-    rows = []
     count = element_count(op, size, world, torch.tensor([], dtype=dtype).element_size())
     if count == 0:
         say(f"{op} {report.human_size(size)}: too small for {world} ranks of {spec['dtype']}, skipped")
@@ -191,14 +225,14 @@ def measure(op: str, size: int, series, groups, spec: dict, dtype) -> list:
     errors = torch.zeros(len(series), dtype=torch.float64)
     for k, s in enumerate(series):
         bufs.fill_input()
-        bufs.run(groups[s.label])
+        runners[s.label][0](bufs)
         errors[k] = bufs.check()
-    dist.all_reduce(errors, op=dist.ReduceOp.MAX)
+    max_reduce(errors)
     bufs.prepare_timing()
-    runs = [(lambda g=groups[s.label]: bufs.run(g), groups[s.label]) for s in series]
+    runs = [(lambda run=runners[s.label][0]: run(bufs), runners[s.label][1]) for s in series]
     times = interleaved_times(runs, warmup=spec["warmup"], iters=spec["iters"], min_iters=spec["min_iters"],
-                              budget_s=spec["budget_s"])
-    line = []
+                              budget_s=spec["budget_s"], max_reduce=max_reduce)
+    rows, line = [], []
     for k, s in enumerate(series):
         rtol = s.rtol if s.rtol is not None else bufs.default_rtol()
         row = {"op": op, "size_bytes": bufs.size_bytes, "count": count, "dtype": spec["dtype"], "world": world,

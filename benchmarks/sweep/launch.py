@@ -8,6 +8,10 @@ first failing rank stops the others; every rank's output on stderr, prefixed ``[
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import signal
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, Optional, Sequence
@@ -64,6 +68,43 @@ class Placement:
             who = f"rank {outcome.failed.spec.rank} exited with code {outcome.failed.returncode}" \
                 if outcome.failed is not None else f"{outcome.reason}, exit code {outcome.returncode}"
             raise LaunchFailed(f"the benchmark ranks failed ({who}); their output is above")
+
+    def run_mpi(self, command: Sequence[str], *, env: Dict[str, str], timeout: float) -> None:
+        """Runs `command` as every rank through `mpirun` (Open MPI), TCP only, on this placement's interface.
+        Loopback only: MPI's own launcher cannot start ranks inside the emulated hosts (yet)."""
+        if self.fleet is not None:
+            raise ValueError("the mpi4py series runs on loopback only (mpirun cannot place ranks in the emulated "
+                             "hosts' namespaces); leave it out with --hosts/--switch")
+        mpirun = shutil.which("mpirun")
+        if mpirun is None:
+            raise ValueError("mpi4py series: `mpirun` not found (Debian/Ubuntu: apt-get install openmpi-bin)")
+        argv = [mpirun, "-np", str(self.nproc), "--oversubscribe", "--bind-to", "none", "--mca", "pml", "ob1",
+                "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", self.ifname,
+                "--mca", "oob_tcp_if_include", self.ifname]
+        if os.geteuid() == 0:
+            argv.append("--allow-run-as-root")
+        child_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **env}
+        for key in sorted({"OMP_NUM_THREADS", "PYTHONPATH", *env}):
+            if key in child_env:
+                argv += ["-x", key]
+        proc = subprocess.Popen(argv + list(command), stdin=subprocess.DEVNULL, stdout=sys.stderr, stderr=sys.stderr,
+                                env=child_env, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            raise LaunchFailed(f"mpirun did not finish within {timeout:g} s: stopped") from None
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+            raise
+        if code != 0:
+            raise LaunchFailed(f"mpirun exited with code {code}; its output is above")
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ every rank can compute any rank's input, and its own expected output in float64,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict
 
 import torch
 import torch.distributed as dist

@@ -29,39 +29,46 @@ def init_groups(series: Sequence[Series], timeout_s: float) -> Dict[str, object]
 
 
 def say(message: str) -> None:
-    if dist.get_rank() == 0:
+    """Progress from rank 0 only, on stderr (the launcher prefixes it with the host and rank)."""
+    rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
+    if rank == 0:
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
 
 
-def interleaved_times(runs: Sequence[Tuple[Callable[[], None], object]], *, warmup: int, iters: int,
-                      min_iters: int, budget_s: float) -> List[List[float]]:
-    """Times every run (fn, group) repetition by repetition, the runs taking turns within each repetition
+def dist_max_reduce(t: torch.Tensor) -> None:
+    """In place: the elementwise MAX over all ranks, through the default (control) group."""
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+
+
+def interleaved_times(runs: Sequence[Tuple[Callable[[], None], Callable[[], None]]], *, warmup: int, iters: int,
+                      min_iters: int, budget_s: float, max_reduce: Callable = dist_max_reduce) -> List[List[float]]:
+    """Times every run (fn, barrier) repetition by repetition, the runs taking turns within each repetition
     (rotating who goes first), so that a change in machine load hits all of them alike.
 
-    Each timing is barrier, then fn() alone; a repetition's time is the slowest rank's. The number of
+    Each timing is barrier(), then fn() alone; a repetition's time is the slowest rank's. The number of
     repetitions is `iters`, cut down to fit `budget_s` (estimated from the last warm-up) but never below
-    `min_iters`; every rank agrees on it through the control group. Returns times[k] for run k, in seconds.
+    `min_iters`; every rank agrees on it through `max_reduce`. Returns times[k] for run k, in seconds.
     """
     est = torch.zeros(len(runs), dtype=torch.float64)
-    for k, (fn, group) in enumerate(runs):
+    for k, (fn, barrier) in enumerate(runs):
         for _ in range(max(1, warmup)):
-            dist.barrier(group=group)
+            barrier()
             t0 = time.perf_counter()
             fn()
             est[k] = time.perf_counter() - t0
-    dist.all_reduce(est, op=dist.ReduceOp.MAX)
+    max_reduce(est)
     n = max(min_iters, min(iters, int(budget_s / max(float(est.sum()), 1e-9))))
     times = torch.zeros(n, len(runs), dtype=torch.float64)
     for i in range(n):
         for j in range(len(runs)):
             k = (i + j) % len(runs)
-            fn, group = runs[k]
-            dist.barrier(group=group)
+            fn, barrier = runs[k]
+            barrier()
             t0 = time.perf_counter()
             fn()
             times[i, k] = time.perf_counter() - t0
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    max_reduce(times)
     return [times[:, k].tolist() for k in range(len(runs))]
 
 

@@ -112,7 +112,8 @@ def plot(path: str, title: str, panels: Sequence[dict]) -> Optional[str]:
             ax.set_yscale("log")
         if p.get("xticks"):
             ax.set_xticks(p["xticks"][0])
-            ax.set_xticklabels(p["xticks"][1], rotation=45, ha="right", fontsize=8)
+            rotate = 45 if p.get("logx") else 0
+            ax.set_xticklabels(p["xticks"][1], rotation=rotate, ha="right" if rotate else "center", fontsize=8)
         for y, label in p.get("hlines", ()):
             ax.axhline(y, color="grey", linestyle="--", linewidth=1)
             ax.annotate(label, (0.01, y), xycoords=("axes fraction", "data"), fontsize=8, color="grey",

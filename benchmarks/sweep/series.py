@@ -9,15 +9,15 @@ ones are options of the series (``label``, ``rtol``: the tolerance of its correc
 The engine reads its MCCL_* variables once per process, so series with different variables cannot share
 processes: `launch_groups` splits them into separate launches of the ranks. Gloo is unaffected by MCCL_*
 variables, so it joins the launch of the first mccl series with no variables of its own, where it is
-interleaved with mccl repetition by repetition.
+interleaved with mccl repetition by repetition. An mpi4py series is always a launch of its own (by mpirun).
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-BACKENDS = ("mccl", "gloo")
+BACKENDS = ("mccl", "gloo", "mpi4py")
 _ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _OPTIONS = ("label", "rtol")
 
@@ -81,6 +81,9 @@ def launch_groups(series: Sequence[Series]) -> List[List[Series]]:
     """Series that can share one launch of the ranks (see the module docstring), in the order given."""
     groups: List[Tuple[Dict[str, str], List[Series]]] = []
     for s in series:
+        if s.backend == "mpi4py":
+            groups.append(({"\0mpi": s.label}, [s]))
+            continue
         # what decides the launch: the MCCL_* variables for mccl; Gloo ignores them, so its non-MCCL ones
         key = {k: v for k, v in s.env if s.backend == "mccl" or not k.startswith("MCCL_")}
         for gkey, members in groups:
@@ -93,6 +96,8 @@ def launch_groups(series: Sequence[Series]) -> List[List[Series]]:
 
 
 def _compatible(group_env: Dict[str, str], key: Dict[str, str], backend: str) -> bool:
+    if "\0mpi" in group_env:
+        return False
     if backend == "mccl":
         return group_env == key
     other = {k: v for k, v in group_env.items() if not k.startswith("MCCL_")}

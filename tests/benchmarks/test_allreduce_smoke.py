@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 
-from conftest import explain, run_script
+from bench_runner import explain, run_script
 
 SIZES = [4096, 16384, 65536]
 
@@ -46,3 +46,24 @@ def test_bad_arguments_are_named(tmp_path):
     assert proc.returncode == 2 and "unknown backend 'nccl'" in proc.stderr_text, explain(proc)
     proc = run_script("allreduce.py", "--op", "allreduce,gather", "--out", tmp_path, timeout=60)
     assert proc.returncode == 2 and "unknown gather" in proc.stderr_text, explain(proc)
+
+
+def test_mpi4py_series_when_installed(tmp_path):
+    import shutil
+
+    import pytest
+
+    from sweep import mpi
+
+    if not mpi.available() or shutil.which("mpirun") is None:
+        pytest.skip("mpi4py or mpirun not installed (optional: pip install mpi4py, apt-get install openmpi-bin)")
+    out = tmp_path / "out"
+    proc = run_script("allreduce.py", "--nproc", 2, "--op", "allreduce,allgather", "--sizes", "4K",
+                      "--backends", "mccl,mpi4py", "--baseline", "mccl", "--iters", 2, "--min-iters", 2,
+                      "--warmup", 1, "--out", out, "--timeout", 100, timeout=120)
+    assert proc.returncode == 0, explain(proc)
+    with open(out / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {(r["op"], r["series"]) for r in rows} == {(op, s) for op in ("allreduce", "allgather")
+                                                      for s in ("mccl", "mpi4py")}
+    assert all(r["correct"] == "yes" for r in rows), rows

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 
-from conftest import explain, run_script
+from bench_runner import explain, run_script
 
 
 def test_ddp_vit_writes_table_and_replicas_agree(tmp_path):

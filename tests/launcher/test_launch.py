@@ -54,7 +54,7 @@ def pids_of(out_dir: Path, ranks) -> list:
 
 
 @pytest.mark.parametrize("args, message", [
-    (["launch", "--", "python", "x.py"], "one of the arguments --hostfile --local is required"),
+    (["launch", "--", "python", "x.py"], "one of the arguments --hostfile --local --switch is required"),
     (["launch", "--local", "2", "--hostfile", "f.yaml", "--", "python", "x.py"],
      "argument --hostfile: not allowed with argument --local"),
     (["launch", "--local", "2"], "missing the command to run"),

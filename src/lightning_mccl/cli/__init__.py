@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "launch", help="run a command on every rank (one process per host, over ssh; or --local N)",
         description="Run COMMAND as every rank of the fleet, with torchrun's environment variables.",
-        usage="mccl launch (--hostfile FILE | --local N) [options] -- COMMAND ...",
+        usage="mccl launch (--hostfile FILE | --local N | --switch TAG) [options] -- COMMAND ...",
         epilog=launch.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     launch.add_arguments(p)
     p.set_defaults(run=launch.run, subparser=p)
