@@ -79,7 +79,7 @@ WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, 
       id.wire_dtype = static_cast<uint8_t>(config_.wire_dtype);
     ops_.push_back(Op{id, std::move(body), work});
   }
-  transport_->wake();
+  if (!spinning_.load()) transport_->wake();
   cv_.notify_all();
   return work;
 }
@@ -242,6 +242,7 @@ void Communicator::run() {
     }
     if (have_op) {
       run_op(op);
+      spin_until_ = Clock::now() + std::chrono::microseconds(config_.spin_us);
       continue;
     }
     if (transport_->fatal_error()) {
@@ -249,6 +250,13 @@ void Communicator::run() {
       continue;
     }
     try {
+      if (config_.spin_us > 0 && Clock::now() < spin_until_) {
+        spinning_.store(true);
+        transport_->progress(0);
+        std::this_thread::yield();
+        continue;
+      }
+      if (spinning_.exchange(false)) continue;  // re-check the queue: an enqueue may have skipped the wake
       transport_->progress(p2p_poll_timeout_ms());
       check_p2p_deadlines();
     } catch (...) {

@@ -54,6 +54,7 @@ Config Config::from_env() {
     else if (wire == "fp16" || wire == "float16" || wire == "half") c.wire_dtype = DataType::kFloat16;
     else fail(Error::Kind::kInvalidArgument, "MCCL_WIRE_DTYPE='", wire, "' is not one of off, bf16, fp16");
   }
+  c.spin_us = static_cast<uint32_t>(env_bytes("MCCL_SPIN_US", c.spin_us, 0));
   if (const char* v = env("MCCL_DEBUG")) {
     std::string level = v;
     if (level == "ERROR" || level == "0") c.debug_level = 0;

@@ -1,5 +1,7 @@
 #include "work.h"
 
+#include <thread>
+
 namespace mccl {
 
 bool Work::completed() const {
@@ -7,7 +9,12 @@ bool Work::completed() const {
   return done_;
 }
 
-void Work::wait() {
+void Work::wait(uint32_t spin_us) {
+  if (spin_us > 0) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
+    while (!finished_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
+  }
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return done_; });
   if (error_) std::rethrow_exception(error_);
@@ -39,6 +46,7 @@ void Work::finish(std::exception_ptr error, int source) {
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;
     error_ = error;
+    finished_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
 }

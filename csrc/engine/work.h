@@ -1,6 +1,7 @@
 // A handle on one queued operation: it completes or fails exactly once.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -16,8 +17,9 @@ using Callback = std::function<void(std::exception_ptr)>;
 class Work {
  public:
   bool completed() const;
-  // Blocks until the operation ends; rethrows its error.
-  void wait();
+  // Blocks until the operation ends; rethrows its error. Checks for up to spin_us (yielding the CPU)
+  // before it sleeps.
+  void wait(uint32_t spin_us = 0);
   // Like wait() but gives up after `timeout`: returns false then (the operation goes on).
   bool wait_for(std::chrono::milliseconds timeout);
   std::exception_ptr error() const;
@@ -33,6 +35,7 @@ class Work {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  std::atomic<bool> finished_{false};  // done_, readable without the mutex
   std::exception_ptr error_;
   int source_ = -1;
   Callback callback_;

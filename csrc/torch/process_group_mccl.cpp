@@ -265,7 +265,7 @@ bool WorkMCCL::wait(std::chrono::milliseconds timeout) {
   // Every engine operation ends by itself (collectives and p2p carry the process group's timeout),
   // so without an explicit timeout this blocks until then.
   if (timeout == kNoTimeout) {
-    translated([&] { engine_work_->wait(); });
+    translated([&] { engine_work_->wait(mccl::Config::global().spin_us); });
   } else if (!translated([&] { return engine_work_->wait_for(timeout); })) {
     C10_THROW_ERROR(DistBackendError, c10::str("MCCL timeout: ", c10d::opTypeToString(opType_),
                                                " did not complete within ", timeout.count(), " ms"));
