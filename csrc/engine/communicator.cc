@@ -14,7 +14,7 @@ Communicator::Communicator(Store& store, int rank, int size, std::chrono::millis
     : config_(config), rank_(rank), size_(size), timeout_(timeout) {
   MCCL_CHECK_ARG(size >= 1 && rank >= 0 && rank < size, "rank ", rank, " is not in a world of size ", size);
   std::string host = choose_listen_host(config_.socket_ifname, route_to);
-  Mesh mesh = connect_mesh(store, rank, size, host, Clock::now() + timeout);
+  Mesh mesh = connect_mesh(store, rank, size, host, Clock::now() + timeout, config_);
   listen_address_ = mesh.listen_address;
   for (int peer = 0; peer < size; ++peer) {
     if (mesh.peers[peer].valid()) mesh.peers[peer].configure_for_data(config_.socket_buffer_bytes);

@@ -46,4 +46,19 @@ Socket Listener::accept(Deadline deadline, const std::string& waiting_for) {
   }
 }
 
+Socket Listener::try_accept() {
+  while (true) {
+    int fd = ::accept(sock_.fd(), nullptr, nullptr);
+    if (fd >= 0) {
+      Socket sock(fd);
+      sock.set_nonblocking();
+      return sock;
+    }
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return Socket();
+    // Out of file descriptors (EMFILE/ENFILE) and the like: report, do not spin.
+    fail(Error::Kind::kConnection, "accept on ", address_, " failed: ", std::strerror(errno));
+  }
+}
+
 }  // namespace mccl

@@ -1,4 +1,5 @@
-// The listening socket a rank's peers connect to. accept() always has a deadline.
+// The listening socket a rank's peers connect to during rendezvous (closed when rendezvous ends, so a
+// running job has no open port). accept() always has a deadline.
 #pragma once
 
 #include <string>
@@ -17,6 +18,10 @@ class Listener {
 
   // Accepts one connection before `deadline`, or throws kTimeout with `waiting_for` in the message.
   Socket accept(Deadline deadline, const std::string& waiting_for);
+
+  // One non-blocking accept: a non-blocking, close-on-exec socket, or an invalid one when none is waiting.
+  Socket try_accept();
+  int fd() const { return sock_.fd(); }
 
  private:
   Socket sock_;

@@ -306,15 +306,7 @@ void Transport::read_ready(Pair& pair) {
 void Transport::on_header(Pair& pair) {
   const FrameHeader& h = pair.header;
   pair.header_got = 0;
-  std::string bad = check_preamble(h.magic, h.version);
-  if (bad.empty() && h.comm_id != comm_id_) bad = "frame for another communicator";
-  if (bad.empty() && static_cast<int>(h.src_rank) != pair.rank)
-    bad = "frame claims to come from rank " + std::to_string(h.src_rank);
-  if (bad.empty() && h.length > max_message_bytes_)
-    bad = "frame of " + std::to_string(h.length) + " bytes exceeds MCCL_MAX_MESSAGE_BYTES=" +
-          std::to_string(max_message_bytes_);
-  if (bad.empty() && h.channel == static_cast<uint8_t>(Channel::kControl) && h.length > kMaxControlPayload)
-    bad = "control frame of " + std::to_string(h.length) + " bytes";
+  std::string bad = check_frame_header(h, comm_id_, pair.rank, max_message_bytes_);
   if (!bad.empty()) mccl::fail(Error::Kind::kProtocol, "from ", peer_name(pair.rank), ": ", bad);
 
   pair.target = nullptr;
