@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "error.h"
@@ -25,10 +26,14 @@ struct Transport::Pair {
   RequestPtr target;      // the posted receive this payload lands in, or null
   Unexpected stash;       // payload of a frame nobody has asked for yet
   bool closed = false;    // the peer closed its end cleanly, between frames
+  Clock::time_point last_heard;  // when bytes last arrived from the peer (progress-round resolution)
+  Clock::time_point last_sent;   // when bytes last left for the peer
+  RequestPtr heartbeat;          // reused; queued only on an empty send queue
 };
 
 namespace {
 constexpr int kMaxIov = 16;
+constexpr size_t kStashFirstBytes = size_t(64) << 20;
 
 void make_pipe(int* read_end, int* write_end) {
   int fds[2];
@@ -47,13 +52,74 @@ Transport::Transport(int rank, int size, uint64_t comm_id, std::vector<Socket> p
     : rank_(rank), size_(size), comm_id_(comm_id), max_message_bytes_(max_message_bytes),
       addresses_(std::move(addresses)) {
   make_pipe(&wake_read_, &wake_write_);
+  round_start_ = Clock::now();
+  next_liveness_check_ = round_start_;
   pairs_.resize(size);
   for (int r = 0; r < size; ++r) {
     if (r == rank || !peers[r].valid()) continue;
     auto pair = std::make_unique<Pair>();
     pair->sock = std::move(peers[r]);
     pair->rank = r;
+    pair->last_heard = pair->last_sent = round_start_;
+    pair->heartbeat = std::make_shared<Request>();
+    pair->heartbeat->peer = r;
+    FrameHeader& h = pair->heartbeat->header;
+    h.channel = static_cast<uint8_t>(Channel::kControl);
+    h.kind = static_cast<uint8_t>(ControlKind::kHeartbeat);
+    h.comm_id = comm_id_;
+    h.src_rank = static_cast<uint32_t>(rank_);
     pairs_[r] = std::move(pair);
+  }
+}
+
+void Transport::set_heartbeat(std::chrono::milliseconds interval, std::chrono::milliseconds timeout) {
+  heartbeats_ = timeout.count() > 0 && interval.count() > 0;
+  heartbeat_timeout_ = timeout;
+  heartbeat_interval_ = std::min<Clock::duration>(interval, timeout / 4);
+  if (heartbeat_interval_ < std::chrono::milliseconds(1)) heartbeat_interval_ = std::chrono::milliseconds(1);
+  next_liveness_check_ = round_start_;
+}
+
+// Sleeps in poll() no longer than the next liveness check. Measured from the last round's clock
+// reading, so the hot path reads the clock once per round; at worst it wakes a round's work late.
+int Transport::clamp_to_heartbeat(int timeout_ms) const {
+  if (!heartbeats_) return timeout_ms;
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next_liveness_check_ - round_start_).count();
+  int cap = left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
+  return (timeout_ms < 0 || timeout_ms > cap) ? cap : timeout_ms;
+}
+
+// Every half heartbeat period: a peer that sent nothing for the timeout fails the communicator; a peer
+// that was sent nothing for the interval gets a heartbeat, but only when its send queue is empty, so
+// the heartbeat never lands inside another frame's bytes.
+void Transport::check_liveness() {
+  if (!heartbeats_ || round_start_ < next_liveness_check_) return;
+  next_liveness_check_ = round_start_ + heartbeat_interval_ / 2;
+  for (auto& p : pairs_) {
+    if (!p || p->closed) continue;
+    Pair& pair = *p;
+    const auto silent = round_start_ - pair.last_heard;
+    if (silent > heartbeat_timeout_) {
+      char seconds[32], limit[32];
+      std::snprintf(seconds, sizeof(seconds), "%.1f", std::chrono::duration<double>(silent).count());
+      std::snprintf(limit, sizeof(limit), "%g", std::chrono::duration<double>(heartbeat_timeout_).count());
+      fail_pair(pair, Error(Error::Kind::kTimeout,
+                            "MCCL heartbeat timeout: rank " + std::to_string(rank_) + " heard nothing from " +
+                                peer_name(pair.rank) + " for " + seconds + " s (MCCL_HEARTBEAT_TIMEOUT=" + limit +
+                                ") " + (context_ == "idle" ? std::string("between collectives") : "during " + context_) +
+                                ": that process is stopped (SIGSTOP, a debugger), its machine is asleep, or the "
+                                "network between them is down"));
+    }
+    if (pair.sendq.empty() && round_start_ - pair.last_sent >= heartbeat_interval_) {
+      pair.heartbeat->progress = 0;
+      pair.heartbeat->done = false;
+      pair.sendq.push_back(pair.heartbeat);
+      try {
+        write_ready(pair);
+      } catch (const Error& e) {
+        fail_pair(pair, e);
+      }
+    }
   }
 }
 
@@ -214,12 +280,16 @@ void Transport::progress(int timeout_ms) {
     fds.push_back({pair->sock.fd(), events, 0});
     owners.push_back(pair.get());
   }
-  int ready = ::poll(fds.data(), fds.size(), timeout_ms);
+  int ready = ::poll(fds.data(), fds.size(), clamp_to_heartbeat(timeout_ms));
+  round_start_ = Clock::now();
   if (ready < 0) {
-    if (errno == EINTR) return;
-    mccl::fail(Error::Kind::kInternal, "poll failed: ", std::strerror(errno));
+    if (errno != EINTR) mccl::fail(Error::Kind::kInternal, "poll failed: ", std::strerror(errno));
+    ready = 0;
   }
-  if (ready == 0) return;
+  if (ready == 0) {
+    check_liveness();
+    return;
+  }
   for (size_t i = 1; i < fds.size(); ++i) {
     Pair& pair = *owners[i];
     try {
@@ -235,6 +305,7 @@ void Transport::progress(int timeout_ms) {
     }
     if (on_wakeup_) on_wakeup_();
   }
+  check_liveness();
 }
 
 // Writes as much of the send queue as the socket takes: header and payload of up to kMaxIov/2
@@ -255,6 +326,7 @@ void Transport::write_ready(Pair& pair) {
     }
     size_t written = pair.sock.send_some(iov, count);
     if (written == 0) return;
+    pair.last_sent = round_start_;
     while (written > 0) {
       Request& r = *pair.sendq.front();
       size_t left = sizeof(FrameHeader) + r.length - r.progress;
@@ -283,6 +355,7 @@ void Transport::read_ready(Pair& pair) {
         return;
       }
       if (n == 0) return;
+      pair.last_heard = round_start_;
       pair.header_got += n;
       if (pair.header_got < sizeof(FrameHeader)) continue;
       on_header(pair);
@@ -290,10 +363,15 @@ void Transport::read_ready(Pair& pair) {
       if (fatal_) return;
       continue;
     }
-    char* dest = pair.target ? pair.target->data : pair.stash.buffer.data();
     size_t want = pair.header.length - pair.payload_got;
+    if (!pair.target) {
+      if (pair.payload_got == pair.stash.buffer.capacity) grow_stash(pair);
+      want = std::min(want, pair.stash.buffer.capacity - pair.payload_got);
+    }
+    char* dest = pair.target ? pair.target->data : pair.stash.buffer.data();
     size_t n = pair.sock.recv_some(dest + pair.payload_got, want);
     if (n == 0) return;
+    pair.last_heard = round_start_;
     pair.payload_got += n;
     if (pair.payload_got == pair.header.length) {
       pair.in_payload = false;
@@ -308,6 +386,9 @@ void Transport::on_header(Pair& pair) {
   pair.header_got = 0;
   std::string bad = check_frame_header(h, comm_id_, pair.rank, max_message_bytes_);
   if (!bad.empty()) mccl::fail(Error::Kind::kProtocol, "from ", peer_name(pair.rank), ": ", bad);
+  // A heartbeat has done its job by arriving (last_heard is updated); it matches nothing.
+  if (h.channel == static_cast<uint8_t>(Channel::kControl) && h.kind == static_cast<uint8_t>(ControlKind::kHeartbeat))
+    return;
 
   pair.target = nullptr;
   for (auto it = posted_recvs_.begin(); it != posted_recvs_.end(); ++it) {
@@ -322,7 +403,7 @@ void Transport::on_header(Pair& pair) {
   if (!pair.target) {
     pair.stash.source = pair.rank;
     pair.stash.header = h;
-    pair.stash.buffer = take_buffer(h.length);
+    pair.stash.buffer = take_buffer(std::min<uint64_t>(h.length, kStashFirstBytes));
   }
   if (h.length > 0) pair.in_payload = true;
   else deliver(pair);
@@ -385,6 +466,17 @@ void Transport::send_abort(const std::exception_ptr& error) {
       // The peer is gone or stuck; the closed socket tells it enough.
     }
   }
+}
+
+// An unexpected frame's buffer starts at kStashFirstBytes and doubles as its payload arrives, so a
+// header claiming a huge length commits memory only for bytes that really came.
+void Transport::grow_stash(Pair& pair) {
+  Buffer& old = pair.stash.buffer;
+  Buffer bigger;
+  bigger.capacity = std::min<uint64_t>(pair.header.length, std::max<size_t>(old.capacity * 2, 1));
+  bigger.bytes.reset(new char[bigger.capacity]);
+  std::memcpy(bigger.data(), old.data(), pair.payload_got);
+  old = std::move(bigger);
 }
 
 Transport::Buffer Transport::take_buffer(size_t size) {

@@ -315,6 +315,38 @@ TEST(a_secret_on_some_hosts_only_is_named) {
             errors[1].c_str());
 }
 
+TEST(the_secret_is_read_from_the_environment_or_a_file) {
+  char path[] = "/tmp/mccl_secret_XXXXXX";
+  int fd = ::mkstemp(path);
+  const char contents[] = "a-secret-from-a-file-0123456789\n";
+  CHECK(::write(fd, contents, sizeof(contents) - 1) == ssize_t(sizeof(contents) - 1));
+  ::close(fd);
+  ::setenv("MCCL_AUTH_SECRET_FILE", path, 1);
+  Config c = Config::from_env();
+  CHECK(c.auth_secret == "a-secret-from-a-file-0123456789");  // the trailing newline is not part of it
+  CHECK(contains(c.auth_secret_source, path));
+  auto error_of = [] {
+    try {
+      Config::from_env();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  ::setenv("MCCL_AUTH_SECRET", "another-secret-0123456789", 1);
+  CHECK(contains(error_of(), "set only one"));
+  ::unsetenv("MCCL_AUTH_SECRET_FILE");
+  CHECK(Config::from_env().auth_secret == "another-secret-0123456789");
+  ::setenv("MCCL_AUTH_SECRET", "short", 1);
+  CHECK(contains(error_of(), "MCCL_AUTH_SECRET holds a secret of 5 bytes"));
+  ::unsetenv("MCCL_AUTH_SECRET");
+  ::setenv("MCCL_AUTH_SECRET_FILE", "/nonexistent/mccl-secret", 1);
+  CHECK(contains(error_of(), "cannot be read"));
+  ::unsetenv("MCCL_AUTH_SECRET_FILE");
+  ::unlink(path);
+  CHECK(Config::from_env().auth_secret.empty());
+}
+
 // Rank 0 accepts while strangers connect: garbage, a wrong secret, and more silent connections than it
 // handles at once. The real rank 1 still gets in at once, and the port is closed afterwards.
 TEST(foreign_connections_are_logged_closed_and_never_fatal) {
