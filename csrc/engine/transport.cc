@@ -424,10 +424,15 @@ void Transport::deliver(Pair& pair) {
 void Transport::on_control(Pair& pair) {
   const Unexpected& u = pair.stash;
   std::string text(u.buffer.data(), u.header.length);
-  int kind = static_cast<int>(u.header.count);
-  if (u.header.kind != static_cast<uint8_t>(ControlKind::kAbort) || kind < 0 ||
-      kind > static_cast<int>(Error::Kind::kInternal))
+  // Printable text only: a NUL would cut the message short for C-string readers (Python), and escape
+  // sequences have no business in our logs.
+  for (char& c : text) {
+    if ((static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') || c == 0x7f) c = '?';
+  }
+  if (u.header.kind != static_cast<uint8_t>(ControlKind::kAbort) ||
+      u.header.count > static_cast<uint64_t>(Error::Kind::kInternal))
     mccl::fail(Error::Kind::kProtocol, "from ", peer_name(pair.rank), ": unknown control frame");
+  const int kind = static_cast<int>(u.header.count);
   Error error(static_cast<Error::Kind>(kind), text + " [reported by " + peer_name(pair.rank) +
                                                   ", which stopped this communicator]");
   fail(std::make_exception_ptr(error));
