@@ -14,7 +14,7 @@ BIN := $(abspath $(VENV))/bin
 CMAKE := $(BIN)/cmake
 CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(BIN)/ninja -DMCCL_BUILD_TESTS=ON
 
-.PHONY: demo collective-check test test-engine test-sanitize test-tsan test-python build clean
+.PHONY: demo collective-check test test-engine test-sanitize test-tsan test-python build clean fuzz
 
 $(VENV)/.deps: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,18 @@ test-python: build
 	$(PY) -m pytest tests -q
 
 test: test-engine test-sanitize test-python
+
+# libFuzzer on the handshake / frame parsers (needs clang: apt-get install clang). Not part of `make test`
+# (which runs the same target through a deterministic driver): make fuzz FUZZ_SECONDS=600
+FUZZ_SECONDS ?= 60
+fuzz: $(VENV)/.deps
+	$(CMAKE) -S . -B build/engine $(CMAKE_FLAGS) > /dev/null
+	$(CMAKE) --build build/engine --target fuzz_wire_driver
+	CXX=clang++ $(CMAKE) -S . -B build/fuzz -G Ninja -DCMAKE_MAKE_PROGRAM=$(BIN)/ninja -DMCCL_FUZZ=ON \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo > /dev/null
+	$(CMAKE) --build build/fuzz --target fuzz_wire
+	mkdir -p build/fuzz/corpus && build/engine/fuzz_wire_driver --write-seeds build/fuzz/corpus
+	cd build/fuzz && ./fuzz_wire -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 corpus
 
 clean:
 	rm -rf build src/lightning_mccl/*.so

@@ -1,12 +1,15 @@
 // Rendezvous and connection setup: every rank listens, publishes "host:port" in the Store, connects to
-// every lower rank and accepts every higher one, and both ends of each connection exchange a Hello that
-// names job (communicator id), rank and world size. Result: one connected socket per peer.
+// every lower rank and accepts every higher one. Each connection is authenticated (handshake.h) with
+// the job's secret before it is used: MCCL_AUTH_SECRET when set on every host, else a random secret
+// rank 0 puts in the Store. Result: one connected, authenticated socket per peer. The listening socket
+// is closed before this returns.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "config.h"
 #include "socket.h"
 #include "store.h"
 
@@ -19,6 +22,11 @@ struct Mesh {
   std::vector<std::string> peer_addresses;  // "host:port" of each rank, for messages
 };
 
-Mesh connect_mesh(Store& store, int rank, int size, const std::string& listen_host, Deadline deadline);
+Mesh connect_mesh(Store& store, int rank, int size, const std::string& listen_host, Deadline deadline,
+                  const Config& config = Config::global());
+
+// The secret this communicator's connections prove they know (see Config::auth_secret). Rank 0 decides
+// and records the mode in the Store under "mccl/auth"; the others follow it or fail naming the mismatch.
+std::string agree_on_secret(Store& store, int rank, const Config& config);
 
 }  // namespace mccl

@@ -15,13 +15,14 @@ Communicator::Communicator(Store& store, int rank, int size, std::chrono::millis
     : config_(config), rank_(rank), size_(size), timeout_(timeout) {
   MCCL_CHECK_ARG(size >= 1 && rank >= 0 && rank < size, "rank ", rank, " is not in a world of size ", size);
   std::string host = choose_listen_host(config_.socket_ifname, route_to);
-  Mesh mesh = connect_mesh(store, rank, size, host, Clock::now() + timeout);
+  Mesh mesh = connect_mesh(store, rank, size, host, Clock::now() + timeout, config_);
   listen_address_ = mesh.listen_address;
   for (int peer = 0; peer < size; ++peer) {
     if (mesh.peers[peer].valid()) mesh.peers[peer].configure_for_data(config_.socket_buffer_bytes);
   }
   transport_ = std::make_unique<Transport>(rank, size, mesh.comm_id, std::move(mesh.peers),
                                            std::move(mesh.peer_addresses), config_.max_message_bytes);
+  transport_->set_heartbeat(config_.heartbeat_interval, config_.heartbeat_timeout);
   transport_->set_on_wakeup([this] { drain_commands(); });
   thread_ = std::thread([this] {
     set_thread_name("mccl-progress");

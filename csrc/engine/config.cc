@@ -1,6 +1,9 @@
 #include "config.h"
 
+#include <cmath>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "error.h"
@@ -28,6 +31,48 @@ uint64_t env_bytes(const char* name, uint64_t fallback, uint64_t min_value) {
   uint64_t bytes = parsed * scale;
   if (bytes < min_value) fail(Error::Kind::kInvalidArgument, name, "='", value, "' is below the minimum of ", min_value);
   return bytes;
+}
+
+// Seconds, fractions allowed ("2", "0.5"); returned in milliseconds.
+std::chrono::milliseconds env_seconds(const char* name, std::chrono::milliseconds fallback) {
+  const char* value = env(name);
+  if (value == nullptr) return fallback;
+  char* end = nullptr;
+  double seconds = std::strtod(value, &end);
+  if (end == value || *end != '\0' || !std::isfinite(seconds) || seconds < 0 || seconds > 1e6)
+    fail(Error::Kind::kInvalidArgument, name, "='", value, "' is not a number of seconds (examples: 30, 0.5)");
+  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
+}
+
+constexpr size_t kMinSecretBytes = 16;
+
+std::string strip_trailing_space(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' ' || text.back() == '\t'))
+    text.pop_back();
+  return text;
+}
+
+void read_auth_secret(Config& c) {
+  const char* inline_secret = env("MCCL_AUTH_SECRET");
+  const char* path = env("MCCL_AUTH_SECRET_FILE");
+  if (inline_secret && path)
+    fail(Error::Kind::kInvalidArgument, "both MCCL_AUTH_SECRET and MCCL_AUTH_SECRET_FILE are set: set only one");
+  if (inline_secret) {
+    c.auth_secret = inline_secret;
+    c.auth_secret_source = "MCCL_AUTH_SECRET";
+  } else if (path) {
+    std::ifstream file(path, std::ios::binary);
+    if (!file) fail(Error::Kind::kInvalidArgument, "MCCL_AUTH_SECRET_FILE='", path, "' cannot be read");
+    std::ostringstream contents;
+    contents << file.rdbuf();
+    c.auth_secret = strip_trailing_space(contents.str());
+    c.auth_secret_source = std::string("MCCL_AUTH_SECRET_FILE=") + path;
+  } else {
+    return;
+  }
+  if (c.auth_secret.size() < kMinSecretBytes)
+    fail(Error::Kind::kInvalidArgument, c.auth_secret_source, " holds a secret of ", c.auth_secret.size(),
+         " bytes; use at least ", kMinSecretBytes, " random characters (e.g. the output of `openssl rand -hex 32`)");
 }
 
 }  // namespace
@@ -63,6 +108,12 @@ Config Config::from_env() {
     else if (level == "TRACE" || level == "3") c.debug_level = 3;
     else fail(Error::Kind::kInvalidArgument, "MCCL_DEBUG='", level, "' is not one of ERROR, WARN, INFO, TRACE (or 0-3)");
   }
+  read_auth_secret(c);
+  c.heartbeat_interval = env_seconds("MCCL_HEARTBEAT_INTERVAL", c.heartbeat_interval);
+  c.heartbeat_timeout = env_seconds("MCCL_HEARTBEAT_TIMEOUT", c.heartbeat_timeout);
+  if (c.heartbeat_interval.count() <= 0)
+    fail(Error::Kind::kInvalidArgument, "MCCL_HEARTBEAT_INTERVAL must be positive (to disable heartbeats set "
+         "MCCL_HEARTBEAT_TIMEOUT=0)");
   return c;
 }
 

@@ -2,6 +2,7 @@
 // the README's table documents the same names and defaults.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -38,6 +39,18 @@ struct Config {
   uint32_t spin_us = 0;
   // MCCL_DEBUG: 0 = errors only, 1 = warnings (default), 2 = info (connections), 3 = trace (every collective).
   int debug_level = 1;
+  // MCCL_AUTH_SECRET, or the contents of the file MCCL_AUTH_SECRET_FILE (trailing whitespace removed):
+  // the secret every connection proves it knows. Empty: rank 0 makes a random one per communicator
+  // and hands it out through the Store (which protects against other jobs and blind scanners, not
+  // against someone who can read the Store). Must be the same on every host when set.
+  std::string auth_secret;
+  std::string auth_secret_source;  // which variable it came from, for messages
+  // MCCL_HEARTBEAT_INTERVAL (seconds): a peer that has been sent nothing for this long gets a
+  // heartbeat frame (at least 4 per MCCL_HEARTBEAT_TIMEOUT).
+  std::chrono::milliseconds heartbeat_interval{1000};
+  // MCCL_HEARTBEAT_TIMEOUT (seconds): a peer that sent nothing for this long (it is stopped, asleep or
+  // unreachable) fails the communicator, also between collectives. 0 disables.
+  std::chrono::milliseconds heartbeat_timeout{30000};
 
   static Config from_env();
   static const Config& global();  // from_env() evaluated once per process

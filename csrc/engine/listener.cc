@@ -1,7 +1,6 @@
 #include "listener.h"
 
 #include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -31,18 +30,22 @@ Listener::Listener(const std::string& host, int backlog) {
   address_ = format_address(sock_.local_address());
 }
 
-Socket Listener::accept(Deadline deadline, const std::string& waiting_for) {
+Socket Listener::try_accept() {
   while (true) {
     int fd = ::accept(sock_.fd(), nullptr, nullptr);
-    if (fd >= 0) return Socket(fd);
-    if (errno == EINTR || errno == ECONNABORTED) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK)
-      fail(Error::Kind::kConnection, "accept on ", address_, " failed: ", std::strerror(errno));
-    pollfd pfd{sock_.fd(), POLLIN, 0};
-    int ready = ::poll(&pfd, 1, ms_until(deadline));
-    if (ready == 0 && Clock::now() >= deadline)
-      fail(Error::Kind::kTimeout, "timed out on ", address_, " waiting for ", waiting_for,
-           " to connect: is that process running, and can it reach this address?");
+    if (fd >= 0) {
+      Socket sock(fd);
+      sock.set_nonblocking();
+      return sock;
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return Socket();
+    // A connection that failed before we took it (reset, or a network error Linux reports here):
+    // it is gone from the queue, take the next.
+    if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO || errno == ENETDOWN || errno == ENETUNREACH ||
+        errno == EHOSTDOWN || errno == EHOSTUNREACH || errno == ENOPROTOOPT || errno == EOPNOTSUPP)
+      continue;
+    // Out of file descriptors (EMFILE/ENFILE) and the like: report, do not spin.
+    fail(Error::Kind::kConnection, "accept on ", address_, " failed: ", std::strerror(errno));
   }
 }
 

@@ -1,4 +1,6 @@
-// The listening socket a rank's peers connect to. accept() always has a deadline.
+// The listening socket a rank's peers connect to during rendezvous (closed when rendezvous ends, so a
+// running job has no open port). Accepting is non-blocking: bootstrap.cc polls it together with the
+// connections that are still proving themselves.
 #pragma once
 
 #include <string>
@@ -15,8 +17,9 @@ class Listener {
   // "host:port" that peers should connect to.
   const std::string& address() const { return address_; }
 
-  // Accepts one connection before `deadline`, or throws kTimeout with `waiting_for` in the message.
-  Socket accept(Deadline deadline, const std::string& waiting_for);
+  // One non-blocking accept: a non-blocking, close-on-exec socket, or an invalid one when none is waiting.
+  Socket try_accept();
+  int fd() const { return sock_.fd(); }
 
  private:
   Socket sock_;

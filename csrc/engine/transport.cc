@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "error.h"
@@ -24,11 +25,16 @@ struct Transport::Pair {
   size_t payload_got = 0;
   RequestPtr target;      // the posted receive this payload lands in, or null
   Unexpected stash;       // payload of a frame nobody has asked for yet
-  bool closed = false;    // the peer closed its end cleanly, between frames
+  bool closed = false;    // the peer closed its end cleanly, between frames, or sent an abort
+  std::shared_ptr<Error> closed_cause;  // the abort it reported, if any
+  Clock::time_point last_heard;  // when bytes last arrived from the peer (progress-round resolution)
+  Clock::time_point last_sent;   // when bytes last left for the peer
+  RequestPtr heartbeat;          // reused; queued only on an empty send queue
 };
 
 namespace {
 constexpr int kMaxIov = 16;
+constexpr size_t kStashFirstBytes = size_t(64) << 20;
 
 void make_pipe(int* read_end, int* write_end) {
   int fds[2];
@@ -47,13 +53,74 @@ Transport::Transport(int rank, int size, uint64_t comm_id, std::vector<Socket> p
     : rank_(rank), size_(size), comm_id_(comm_id), max_message_bytes_(max_message_bytes),
       addresses_(std::move(addresses)) {
   make_pipe(&wake_read_, &wake_write_);
+  round_start_ = Clock::now();
+  next_liveness_check_ = round_start_;
   pairs_.resize(size);
   for (int r = 0; r < size; ++r) {
     if (r == rank || !peers[r].valid()) continue;
     auto pair = std::make_unique<Pair>();
     pair->sock = std::move(peers[r]);
     pair->rank = r;
+    pair->last_heard = pair->last_sent = round_start_;
+    pair->heartbeat = std::make_shared<Request>();
+    pair->heartbeat->peer = r;
+    FrameHeader& h = pair->heartbeat->header;
+    h.channel = static_cast<uint8_t>(Channel::kControl);
+    h.kind = static_cast<uint8_t>(ControlKind::kHeartbeat);
+    h.comm_id = comm_id_;
+    h.src_rank = static_cast<uint32_t>(rank_);
     pairs_[r] = std::move(pair);
+  }
+}
+
+void Transport::set_heartbeat(std::chrono::milliseconds interval, std::chrono::milliseconds timeout) {
+  heartbeats_ = timeout.count() > 0 && interval.count() > 0;
+  heartbeat_timeout_ = timeout;
+  heartbeat_interval_ = std::min<Clock::duration>(interval, timeout / 4);
+  if (heartbeat_interval_ < std::chrono::milliseconds(1)) heartbeat_interval_ = std::chrono::milliseconds(1);
+  next_liveness_check_ = round_start_;
+}
+
+// Sleeps in poll() no longer than the next liveness check. Measured from the last round's clock
+// reading, so the hot path reads the clock once per round; at worst it wakes a round's work late.
+int Transport::clamp_to_heartbeat(int timeout_ms) const {
+  if (!heartbeats_) return timeout_ms;
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next_liveness_check_ - round_start_).count();
+  int cap = left <= 0 ? 0 : static_cast<int>(std::min<int64_t>(left, 1 << 30));
+  return (timeout_ms < 0 || timeout_ms > cap) ? cap : timeout_ms;
+}
+
+// Every half heartbeat period: a peer that sent nothing for the timeout fails the communicator; a peer
+// that was sent nothing for the interval gets a heartbeat, but only when its send queue is empty, so
+// the heartbeat never lands inside another frame's bytes.
+void Transport::check_liveness() {
+  if (!heartbeats_ || round_start_ < next_liveness_check_) return;
+  next_liveness_check_ = round_start_ + heartbeat_interval_ / 2;
+  for (auto& p : pairs_) {
+    if (!p || p->closed) continue;
+    Pair& pair = *p;
+    const auto silent = round_start_ - pair.last_heard;
+    if (silent > heartbeat_timeout_) {
+      char seconds[32], limit[32];
+      std::snprintf(seconds, sizeof(seconds), "%.1f", std::chrono::duration<double>(silent).count());
+      std::snprintf(limit, sizeof(limit), "%g", std::chrono::duration<double>(heartbeat_timeout_).count());
+      fail_pair(pair, Error(Error::Kind::kTimeout,
+                            "MCCL heartbeat timeout: rank " + std::to_string(rank_) + " heard nothing from " +
+                                peer_name(pair.rank) + " for " + seconds + " s (MCCL_HEARTBEAT_TIMEOUT=" + limit +
+                                ") " + (busy_ ? "during " + context() : std::string("between collectives")) +
+                                ": that process is stopped (SIGSTOP, a debugger), its machine is asleep, or the "
+                                "network between them is down"));
+    }
+    if (pair.sendq.empty() && round_start_ - pair.last_sent >= heartbeat_interval_) {
+      pair.heartbeat->progress = 0;
+      pair.heartbeat->done = false;
+      pair.sendq.push_back(pair.heartbeat);
+      try {
+        write_ready(pair);
+      } catch (const Error& e) {
+        fail_pair(pair, e);
+      }
+    }
   }
 }
 
@@ -93,7 +160,7 @@ RequestPtr Transport::post_send(int peer, const FrameHeader& header, const void*
   request->length = length;
   request->on_done = std::move(on_done);
   Pair& pair = *pairs_[peer];
-  if (pair.closed) fail_pair(pair, Error(Error::Kind::kConnection, "the peer closed the connection"));
+  if (pair.closed) fail_pair(pair, closed_error(pair));
   pair.sendq.push_back(request);
   if (pair.sendq.size() == 1) {  // nothing queued ahead of it: try to put it on the wire right away
     try {
@@ -128,8 +195,7 @@ RequestPtr Transport::post_recv(int peer, const FrameHeader& expected, void* dat
     complete(request);
     return request;
   }
-  if (peer != kAnySource && pairs_[peer]->closed)
-    fail_pair(*pairs_[peer], Error(Error::Kind::kConnection, "the peer closed the connection"));
+  if (peer != kAnySource && pairs_[peer]->closed) fail_pair(*pairs_[peer], closed_error(*pairs_[peer]));
   posted_recvs_.push_back(request);
   return request;
 }
@@ -214,12 +280,16 @@ void Transport::progress(int timeout_ms) {
     fds.push_back({pair->sock.fd(), events, 0});
     owners.push_back(pair.get());
   }
-  int ready = ::poll(fds.data(), fds.size(), timeout_ms);
+  int ready = ::poll(fds.data(), fds.size(), clamp_to_heartbeat(timeout_ms));
+  round_start_ = Clock::now();
   if (ready < 0) {
-    if (errno == EINTR) return;
-    mccl::fail(Error::Kind::kInternal, "poll failed: ", std::strerror(errno));
+    if (errno != EINTR) mccl::fail(Error::Kind::kInternal, "poll failed: ", std::strerror(errno));
+    ready = 0;
   }
-  if (ready == 0) return;
+  if (ready == 0) {
+    check_liveness();
+    return;
+  }
   for (size_t i = 1; i < fds.size(); ++i) {
     Pair& pair = *owners[i];
     try {
@@ -235,6 +305,7 @@ void Transport::progress(int timeout_ms) {
     }
     if (on_wakeup_) on_wakeup_();
   }
+  check_liveness();
 }
 
 // Writes as much of the send queue as the socket takes: header and payload of up to kMaxIov/2
@@ -255,6 +326,7 @@ void Transport::write_ready(Pair& pair) {
     }
     size_t written = pair.sock.send_some(iov, count);
     if (written == 0) return;
+    pair.last_sent = round_start_;
     while (written > 0) {
       Request& r = *pair.sendq.front();
       size_t left = sizeof(FrameHeader) + r.length - r.progress;
@@ -271,7 +343,7 @@ void Transport::write_ready(Pair& pair) {
 }
 
 void Transport::read_ready(Pair& pair) {
-  while (true) {
+  while (!pair.closed) {
     if (!pair.in_payload) {
       size_t n;
       try {
@@ -283,6 +355,7 @@ void Transport::read_ready(Pair& pair) {
         return;
       }
       if (n == 0) return;
+      pair.last_heard = round_start_;
       pair.header_got += n;
       if (pair.header_got < sizeof(FrameHeader)) continue;
       on_header(pair);
@@ -290,10 +363,15 @@ void Transport::read_ready(Pair& pair) {
       if (fatal_) return;
       continue;
     }
-    char* dest = pair.target ? pair.target->data : pair.stash.buffer.data();
     size_t want = pair.header.length - pair.payload_got;
+    if (!pair.target) {
+      if (pair.payload_got == pair.stash.buffer.capacity) grow_stash(pair);
+      want = std::min(want, pair.stash.buffer.capacity - pair.payload_got);
+    }
+    char* dest = pair.target ? pair.target->data : pair.stash.buffer.data();
     size_t n = pair.sock.recv_some(dest + pair.payload_got, want);
     if (n == 0) return;
+    pair.last_heard = round_start_;
     pair.payload_got += n;
     if (pair.payload_got == pair.header.length) {
       pair.in_payload = false;
@@ -306,16 +384,11 @@ void Transport::read_ready(Pair& pair) {
 void Transport::on_header(Pair& pair) {
   const FrameHeader& h = pair.header;
   pair.header_got = 0;
-  std::string bad = check_preamble(h.magic, h.version);
-  if (bad.empty() && h.comm_id != comm_id_) bad = "frame for another communicator";
-  if (bad.empty() && static_cast<int>(h.src_rank) != pair.rank)
-    bad = "frame claims to come from rank " + std::to_string(h.src_rank);
-  if (bad.empty() && h.length > max_message_bytes_)
-    bad = "frame of " + std::to_string(h.length) + " bytes exceeds MCCL_MAX_MESSAGE_BYTES=" +
-          std::to_string(max_message_bytes_);
-  if (bad.empty() && h.channel == static_cast<uint8_t>(Channel::kControl) && h.length > kMaxControlPayload)
-    bad = "control frame of " + std::to_string(h.length) + " bytes";
+  std::string bad = check_frame_header(h, comm_id_, pair.rank, max_message_bytes_);
   if (!bad.empty()) mccl::fail(Error::Kind::kProtocol, "from ", peer_name(pair.rank), ": ", bad);
+  // A heartbeat has done its job by arriving (last_heard is updated); it matches nothing.
+  if (h.channel == static_cast<uint8_t>(Channel::kControl) && h.kind == static_cast<uint8_t>(ControlKind::kHeartbeat))
+    return;
 
   pair.target = nullptr;
   for (auto it = posted_recvs_.begin(); it != posted_recvs_.end(); ++it) {
@@ -330,7 +403,7 @@ void Transport::on_header(Pair& pair) {
   if (!pair.target) {
     pair.stash.source = pair.rank;
     pair.stash.header = h;
-    pair.stash.buffer = take_buffer(h.length);
+    pair.stash.buffer = take_buffer(std::min<uint64_t>(h.length, kStashFirstBytes));
   }
   if (h.length > 0) pair.in_payload = true;
   else deliver(pair);
@@ -351,14 +424,28 @@ void Transport::deliver(Pair& pair) {
 void Transport::on_control(Pair& pair) {
   const Unexpected& u = pair.stash;
   std::string text(u.buffer.data(), u.header.length);
-  int kind = static_cast<int>(u.header.count);
-  if (u.header.kind != static_cast<uint8_t>(ControlKind::kAbort) || kind < 0 ||
-      kind > static_cast<int>(Error::Kind::kInternal))
+  // Printable text only: a NUL would cut the message short for C-string readers (Python), and escape
+  // sequences have no business in our logs.
+  for (char& c : text) {
+    if ((static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') || c == 0x7f) c = '?';
+  }
+  if (u.header.kind != static_cast<uint8_t>(ControlKind::kAbort) ||
+      u.header.count > static_cast<uint64_t>(Error::Kind::kInternal))
     mccl::fail(Error::Kind::kProtocol, "from ", peer_name(pair.rank), ": unknown control frame");
+  const int kind = static_cast<int>(u.header.count);
   Error error(static_cast<Error::Kind>(kind), text + " [reported by " + peer_name(pair.rank) +
                                                   ", which stopped this communicator]");
-  fail(std::make_exception_ptr(error));
-  throw error;
+  // Like a close that carries its cause: fatal now if this rank is waiting on that peer, else at the
+  // first operation that needs it. Frames it sent before the abort are still delivered.
+  pair.closed_cause = std::make_shared<Error>(error);
+  recycle(std::move(pair.stash.buffer));
+  pair.stash = Unexpected{};
+  on_peer_closed(pair, error);
+}
+
+Error Transport::closed_error(const Pair& pair) const {
+  if (pair.closed_cause) return *pair.closed_cause;
+  return Error(Error::Kind::kConnection, "the peer closed the connection");
 }
 
 // Best effort, bounded: tells each peer why this rank is giving up, at a frame boundary only.
@@ -395,6 +482,17 @@ void Transport::send_abort(const std::exception_ptr& error) {
   }
 }
 
+// An unexpected frame's buffer starts at kStashFirstBytes and doubles as its payload arrives, so a
+// header claiming a huge length commits memory only for bytes that really came.
+void Transport::grow_stash(Pair& pair) {
+  Buffer& old = pair.stash.buffer;
+  Buffer bigger;
+  bigger.capacity = std::min<uint64_t>(pair.header.length, std::max<size_t>(old.capacity * 2, 1));
+  bigger.bytes.reset(new char[bigger.capacity]);
+  std::memcpy(bigger.data(), old.data(), pair.payload_got);
+  old = std::move(bigger);
+}
+
 Transport::Buffer Transport::take_buffer(size_t size) {
   for (auto it = spare_buffers_.begin(); it != spare_buffers_.end(); ++it) {
     if (it->capacity >= size) {
@@ -423,7 +521,7 @@ void Transport::on_peer_closed(Pair& pair, const Error& cause) {
   pair.closed = true;
   bool needed = !pair.sendq.empty();
   for (const auto& r : posted_recvs_) needed = needed || r->peer == pair.rank;
-  if (needed) fail_pair(pair, cause);
+  if (needed) fail_pair(pair, pair.closed_cause ? *pair.closed_cause : cause);
   log(LogLevel::kInfo, "rank ", rank_, ": ", peer_name(pair.rank), " closed its connection");
 }
 
@@ -431,7 +529,7 @@ void Transport::on_peer_closed(Pair& pair, const Error& cause) {
 // still arriving; give it to that one, else keep it.
 void Transport::finish_unexpected(Pair& pair) {
   Unexpected& u = pair.stash;
-  if (u.header.channel == static_cast<uint8_t>(Channel::kControl)) on_control(pair);
+  if (u.header.channel == static_cast<uint8_t>(Channel::kControl)) return on_control(pair);
   for (auto it = posted_recvs_.begin(); it != posted_recvs_.end(); ++it) {
     if (!matches(**it, u.source, u.header)) continue;
     RequestPtr request = *it;

@@ -6,6 +6,11 @@
 // copied out when the receive is posted. The expected header of each receive is compared with the
 // received one before any payload is read, so a mismatched collective becomes an error naming both.
 //
+// Liveness: with heartbeats on, progress() never sleeps longer than half a heartbeat period, sends a
+// heartbeat (a payload-less control frame, only between frames) to each peer it has sent nothing to
+// for that period, and fails with a message naming the peer when nothing at all arrived from one for
+// the heartbeat timeout. Control frames never reach the matching of data frames.
+//
 // Threading: every method except wake() runs on the communicator's progress thread. The first error
 // (peer closed, timeout, protocol) is fatal: it is kept, every pending request fails with it, all
 // sockets are shut down so the peers notice at once, and every later call rethrows it.
@@ -74,8 +79,12 @@ class Transport {
   void wake();
   void set_on_wakeup(std::function<void()> fn) { on_wakeup_ = std::move(fn); }
 
+  // Heartbeats (MCCL_HEARTBEAT_INTERVAL / MCCL_HEARTBEAT_TIMEOUT); a zero timeout turns them off.
+  // The interval used is at most a quarter of the timeout.
+  void set_heartbeat(std::chrono::milliseconds interval, std::chrono::milliseconds timeout);
+
   // What is running now, for error messages ("allreduce #12 of 1024 float32 (sum)"); described only
-  // when a message needs it, so the data path builds no strings. idle(): nothing is running.
+  // when a message needs it, so the data path builds no strings. set_idle(): nothing is running.
   void set_context(const FrameHeader& op) { context_ = op, busy_ = true; }
   void set_idle() { busy_ = false; }
 
@@ -100,13 +109,15 @@ class Transport {
   };
   Buffer take_buffer(size_t size);
   void recycle(Buffer buffer);
+  void grow_stash(Pair& pair);
 
   void read_ready(Pair& pair);
   void write_ready(Pair& pair);
   void on_header(Pair& pair);
   void deliver(Pair& pair);
   void on_peer_closed(Pair& pair, const Error& cause);
-  [[noreturn]] void on_control(Pair& pair);
+  void on_control(Pair& pair);
+  Error closed_error(const Pair& pair) const;
   void send_abort(const std::exception_ptr& error);
   void finish_unexpected(Pair& pair);
   void complete(const RequestPtr& request);
@@ -114,6 +125,8 @@ class Transport {
   void validate_match(const Request& r, const FrameHeader& h, int source);
   [[noreturn]] void fail_pair(const Pair& pair, const Error& cause);
   [[noreturn]] void timeout(const std::vector<RequestPtr>& pending);
+  void check_liveness();
+  int clamp_to_heartbeat(int timeout_ms) const;
 
   int rank_;
   int size_;
@@ -129,6 +142,12 @@ class Transport {
   int wake_read_ = -1;
   int wake_write_ = -1;
   std::function<void()> on_wakeup_;
+  // Heartbeats: the clock is read once per progress round, after poll() (round_start_).
+  bool heartbeats_ = false;
+  Clock::duration heartbeat_interval_{};
+  Clock::duration heartbeat_timeout_{};
+  Clock::time_point round_start_;
+  Clock::time_point next_liveness_check_;
   std::string context() const { return busy_ ? describe(context_) : "idle"; }
   FrameHeader context_;
   bool busy_ = false;

@@ -68,6 +68,34 @@ std::string check_preamble(uint32_t magic, uint16_t version) {
   return "";
 }
 
+std::string check_frame_header(const FrameHeader& h, uint64_t comm_id, int sender, uint64_t max_payload) {
+  std::string bad = check_preamble(h.magic, h.version);
+  if (!bad.empty()) return bad;
+  if (h.comm_id != comm_id) return "frame for another communicator";
+  if (static_cast<int64_t>(h.src_rank) != sender) return "frame claims to come from rank " + std::to_string(h.src_rank);
+  switch (static_cast<Channel>(h.channel)) {
+    case Channel::kCollective:
+    case Channel::kPointToPoint:
+      if (h.wire_dtype != 0 && h.wire_dtype != static_cast<uint8_t>(DataType::kBFloat16) &&
+          h.wire_dtype != static_cast<uint8_t>(DataType::kFloat16))
+        return "unknown wire type " + std::to_string(h.wire_dtype);
+      if (h.length > max_payload)
+        return "frame of " + std::to_string(h.length) + " bytes exceeds MCCL_MAX_MESSAGE_BYTES=" + std::to_string(max_payload);
+      return "";
+    case Channel::kControl:
+      if (h.kind == static_cast<uint8_t>(ControlKind::kAbort)) {
+        if (h.length > kMaxControlPayload) return "control frame of " + std::to_string(h.length) + " bytes";
+        return "";
+      }
+      if (h.kind == static_cast<uint8_t>(ControlKind::kHeartbeat)) {
+        if (h.length != 0) return "heartbeat with a payload of " + std::to_string(h.length) + " bytes";
+        return "";
+      }
+      return "unknown control frame kind " + std::to_string(h.kind);
+  }
+  return "unknown channel " + std::to_string(h.channel);
+}
+
 std::string compare_headers(const FrameHeader& expected, const FrameHeader& got, int my_rank) {
   std::ostringstream out;
   if (expected.wire_dtype != got.wire_dtype && expected.dtype == got.dtype) {

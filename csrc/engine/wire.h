@@ -1,5 +1,6 @@
-// The wire format: every byte MCCL puts on a socket is either a Hello (once per connection, both ways)
-// or a Frame: a fixed 64-byte header followed by `length` payload bytes.
+// The wire format: every connection starts with the handshake (a Hello each way, then a Proof each
+// way: see handshake.h), after which every byte is a Frame: a fixed 64-byte header followed by
+// `length` payload bytes. Every message starts with the magic and the protocol version.
 //
 // The header carries enough to detect a mismatched collective before any payload is read: the
 // communicator id, the collective's sequence number and kind, dtype, reduce op, root, element count,
@@ -16,7 +17,8 @@
 namespace mccl {
 
 constexpr uint32_t kMagic = 0x4C43434D;  // "MCCL" in memory on little-endian hosts
-constexpr uint16_t kProtocolVersion = 1;
+// 1: Hello without authentication. 2: nonce in the Hello, Proof messages, heartbeat control frames.
+constexpr uint16_t kProtocolVersion = 2;
 
 enum class Channel : uint8_t {
   kCollective = 1,  // seq = the communicator's collective sequence number
@@ -28,6 +30,8 @@ enum class ControlKind : uint8_t {
   // The sender hit a fatal error and is closing: count = its Error::Kind, payload = the message.
   // Lets every peer report the real cause instead of "connection lost".
   kAbort = 1,
+  // "I am alive": sent to a peer that has been sent nothing for MCCL_HEARTBEAT_INTERVAL. No payload.
+  kHeartbeat = 2,
 };
 constexpr uint64_t kMaxControlPayload = 64 * 1024;
 
@@ -66,22 +70,43 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 64, "FrameHeader must stay 64 bytes");
 
-// First bytes on every connection, sent by both ends.
+// Which end of a connection a handshake message comes from: the higher rank connects, the lower accepts.
+enum class HandshakeRole : uint16_t { kConnector = 1, kAcceptor = 2 };
+
+// First bytes on every connection, sent by both ends. The first 8 bytes (magic, version, and 2 more)
+// are the same in every protocol version, so a version mismatch is always recognised as one.
+constexpr size_t kNonceBytes = 32;
 struct Hello {
   uint32_t magic = kMagic;
   uint16_t version = kProtocolVersion;
-  uint16_t reserved = 0;
+  uint16_t role = 0;  // HandshakeRole
   uint64_t comm_id = 0;
   uint32_t rank = 0;
   uint32_t world_size = 0;
+  uint8_t nonce[kNonceBytes] = {};  // fresh random bytes: the challenge the other end must sign
 };
-static_assert(sizeof(Hello) == 24, "Hello must stay 24 bytes");
+static_assert(sizeof(Hello) == 56, "Hello must stay 56 bytes");
+constexpr size_t kPreambleBytes = 8;  // magic + version + 2 bytes
+
+// The answer to the other end's challenge: HMAC-SHA256(secret, role label || both Hellos).
+struct Proof {
+  uint32_t magic = kMagic;
+  uint16_t version = kProtocolVersion;
+  uint16_t role = 0;  // HandshakeRole of the sender
+  uint8_t mac[32] = {};
+};
+static_assert(sizeof(Proof) == 40, "Proof must stay 40 bytes");
 
 // "allreduce #12 of 1024 float32 (sum)"-style text for messages.
 std::string describe(const FrameHeader& h);
 
 // Checks magic and version; returns an empty string when fine, else the reason (naming the likely cause).
 std::string check_preamble(uint32_t magic, uint16_t version);
+
+// Everything a receiver can check in a frame header before it reads or allocates anything: magic,
+// version, communicator, sender, channel, and a payload length within `max_payload` (MCCL_MAX_MESSAGE_BYTES;
+// control frames: kMaxControlPayload, heartbeats: none). Returns "" or the reason.
+std::string check_frame_header(const FrameHeader& h, uint64_t comm_id, int sender, uint64_t max_payload);
 
 // Compares a received header with the one this rank expected; returns "" or a description of every
 // field that differs, phrased as "rank A sent X, rank B expected Y".
