@@ -112,7 +112,7 @@ def run(args) -> dict:
         kind = MISMATCH_KINDS[i % len(MISMATCH_KINDS)]
         w = world()
         n = max(1, rng.choice([args.small_bytes, args.large_bytes]) // 4)
-        rec = mismatch_trial(world=w, kind=kind, victim=rng.randrange(1, w), n=n, pg_timeout_s=args.mismatch_timeout)
+        rec = mismatch_trial(world=w, kind=kind, victim=rng.randrange(w), n=n, pg_timeout_s=args.mismatch_timeout)
         trials["mismatch"].append(rec)
         progress(f"[mismatch {i + 1}/{args.mismatch_trials}] world {w} {kind} ({4 * n} B): {rec.get('verdict')}")
 

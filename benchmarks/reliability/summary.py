@@ -28,6 +28,8 @@ def signal_summary(records: list) -> dict:
         "latency_s": {"median": _round(statistics.median(lat)) if lat else None, "p95": _round(_pct(lat, 0.95)),
                       "max": _round(max(lat)) if lat else None},
         "limit_s": max((r["pg_timeout_s"] for r in records), default=0) + 2.0,
+        "trials_all_within_1s": sum(r.get("max_latency_s") is not None and r["max_latency_s"] <= 1.0 and not r["hung"]
+                                    for r in records),
         "name_rank": sum(p["names_rank"] for p in raised),
         "name_addr": sum(p["names_addr"] for p in raised),
         "dist_backend_error": sum(p["dist_error"] for p in raised),
@@ -108,6 +110,7 @@ def table(summary: dict) -> str:
         row("survivors that raised", f"{s['raised']}/{s['survivors']}")
         row("detection latency (s)", f"median {lat['median']}, p95 {lat['p95']}, max {lat['max']} "
                                      f"(limit: timeout + 2 = {s['limit_s']:g})")
+        row("trials with every survivor < 1 s", f"{s['trials_all_within_1s']}/{s['trials']}")
         row("message names the victim's rank", f"{s['name_rank']}/{s['raised']}")
         row("message names its address", f"{s['name_addr']}/{s['raised']}")
         row("DistBackendError", f"{s['dist_backend_error']}/{s['raised']}")
