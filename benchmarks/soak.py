@@ -55,7 +55,7 @@ def run(args) -> dict:
                   max_elems=max(2, args.max_bytes // 4), samples=args.samples)
     t0 = time.monotonic()
     with Cluster(soak, args.nproc, pg_timeout_s=args.timeout, kwargs=kwargs) as c:
-        finished = c.wait_until(lambda c: all(c.latest(r, "done") or c.latest(r, "crash") or c.exited(r)
+        finished = c.wait_until(lambda c: all(c.latest(r, "done") or c.latest(r, "uncaught") or c.exited(r)
                                               for r in range(args.nproc)), now() + args.deadline)
         c.poll(0.1)
         samples = {r: {ph: [f for rr, k, f in c.events if rr == r and k == "sample" and f["phase"] == ph]
@@ -64,8 +64,8 @@ def run(args) -> dict:
                    for ph in PHASES}
         problems = {}
         for r in range(args.nproc):
-            if c.latest(r, "crash"):
-                problems[r] = "raised: " + c.latest(r, "crash")["message"][:500]
+            if c.latest(r, "uncaught"):
+                problems[r] = "raised: " + c.latest(r, "uncaught")["message"][:500]
             elif not c.latest(r, "done"):
                 problems[r] = "did not finish before the deadline" if not finished else f"exit code {c.exitcode(r)}"
             elif c.latest(r, "done")["wrong"]:

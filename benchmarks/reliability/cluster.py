@@ -63,7 +63,10 @@ def now() -> float:
 
 
 class RankChannel:
-    """What a rank function gets: its rank, the world, the store address, and `send(kind, **fields)`."""
+    """What a rank function gets: its rank, the world, the store address, and `send(kind, **fields)`.
+
+    Every event carries `t` (CLOCK_MONOTONIC when it was sent). An exception the rank function lets
+    escape is sent as an "uncaught" event (type, message, traceback) and the process exits with code 1."""
 
     def __init__(self, conn, rank, world, store_port, pg_timeout_s):
         self.conn, self.rank, self.world = conn, rank, world
@@ -115,7 +118,7 @@ def _rank_main(fn_ref, rank, world, store_port, pg_timeout_s, kwargs, env, conn)
     try:
         getattr(importlib.import_module(module), name)(chan, **kwargs)
     except BaseException as e:  # noqa: BLE001 - reported to the harness, which decides
-        chan.send("crash", type=type(e).__name__, message=str(e)[:4000], traceback=traceback.format_exc()[-4000:])
+        chan.send("uncaught", type=type(e).__name__, message=str(e)[:4000], traceback=traceback.format_exc()[-4000:])
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()

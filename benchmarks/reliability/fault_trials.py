@@ -56,8 +56,8 @@ def fault_trial(*, world: int, op: str, n: int, fault: str, victim: int, delay_s
     with Cluster(loop_until_error, world, pg_timeout_s=pg_timeout_s, kwargs=dict(op=op, n=n, max_s=max_s),
                  stderr_path=log.name) as c:
         t_start = now()
-        if not c.wait_until(lambda c: c.ranks_with("looping") | c.ranks_with("crash") >= set(range(world)),
-                            t_start + STARTUP_LIMIT_S) or c.ranks_with("crash") or c.ranks_with("error"):
+        if not c.wait_until(lambda c: c.ranks_with("looping") | c.ranks_with("uncaught") >= set(range(world)),
+                            t_start + STARTUP_LIMIT_S) or c.ranks_with("uncaught") or c.ranks_with("error"):
             rec.update(ok=False, problem="setup: the ranks did not all start looping",
                        events=_brief(c.events), log=_tail_log(log.name))
             os.unlink(log.name)
@@ -68,7 +68,7 @@ def fault_trial(*, world: int, op: str, n: int, fault: str, victim: int, delay_s
         t_fault = c.signal(victim, sig)
         survivors = [r for r in range(world) if r != victim]
         deadline = t_fault + pg_timeout_s + SLACK_S + MARGIN_S
-        done = lambda c: all(c.latest(r, "after") or c.latest(r, "crash") or c.latest(r, "no_error")  # noqa: E731
+        done = lambda c: all(c.latest(r, "after") or c.latest(r, "uncaught") or c.latest(r, "no_error")  # noqa: E731
                              or c.exited(r) for r in survivors)
         c.wait_until(done, deadline)
         hung = [r for r in survivors if c.latest(r, "error") is None]
@@ -120,15 +120,15 @@ def mismatch_trial(*, world: int, kind: str, victim: int, n: int, pg_timeout_s: 
     with Cluster(mismatch_call, world, pg_timeout_s=pg_timeout_s,
                  kwargs=dict(kind=kind, victim=victim, n=n, warmup=warmup), stderr_path=log.name) as c:
         t0 = now()
-        if not c.wait_until(lambda c: c.ranks_with("calling") | c.ranks_with("crash") >= set(range(world)),
-                            t0 + STARTUP_LIMIT_S) or c.ranks_with("crash"):
+        if not c.wait_until(lambda c: c.ranks_with("calling") | c.ranks_with("uncaught") >= set(range(world)),
+                            t0 + STARTUP_LIMIT_S) or c.ranks_with("uncaught"):
             rec.update(ok=False, problem="setup: the ranks did not all reach the mismatched call",
                        events=_brief(c.events), log=_tail_log(log.name))
             os.unlink(log.name)
             return rec
         t_call = max(f["t"] for r, k, f in c.events if k == "calling")
         deadline = t_call + pg_timeout_s + SLACK_S + MARGIN_S
-        c.wait_until(lambda c: all(c.latest(r, "after") or c.latest(r, "returned") or c.latest(r, "crash")
+        c.wait_until(lambda c: all(c.latest(r, "after") or c.latest(r, "returned") or c.latest(r, "uncaught")
                                    for r in range(world)), deadline)
         per_rank = {}
         for r in range(world):
@@ -182,9 +182,9 @@ def _returned_outcome(ret: dict) -> str:
 
 
 def _state(c: Cluster, r: int) -> str:
-    if c.latest(r, "crash"):
-        f = c.latest(r, "crash")
-        return f"crashed: {f['type']}: {f['message'][:300]}"
+    if c.latest(r, "uncaught"):
+        f = c.latest(r, "uncaught")
+        return f"raised {f['type']}: {f['message'][:300]}"
     if c.latest(r, "no_error"):
         return "kept completing collectives without an error"
     if c.exited(r):

@@ -71,7 +71,7 @@ def garbage_trial(*, world: int, rendezvous_connections: int, training_connectio
                  stderr_path=log.name) as c:
         t0 = now()
         early = list(range(world - 1))
-        ok = c.wait_until(lambda c: gate in c.ranks_with("waiting") or c.ranks_with("crash"), t0 + 60.0)
+        ok = c.wait_until(lambda c: gate in c.ranks_with("waiting") or c.ranks_with("uncaught"), t0 + 60.0)
         ok = ok and c.wait_until(lambda c: all(c.listen_address(r) for r in early), t0 + 60.0)
         if not ok:
             return _setup_failure(rec, c, log.name, "the ranks never published their addresses")
@@ -86,7 +86,7 @@ def garbage_trial(*, world: int, rendezvous_connections: int, training_connectio
             rec["rendezvous_flood_s"] = round(now() - t0, 3)
         t_go = now()
         c.tell(gate, "go")
-        joined = c.wait_until(lambda c: len(c.ranks_with("joined") | c.ranks_with("crash")) == world,
+        joined = c.wait_until(lambda c: len(c.ranks_with("joined") | c.ranks_with("uncaught")) == world,
                               t_go + pg_timeout_s + 5.0)
         rec["rendezvous_after_go_s"] = round(now() - t_go, 3)
         # Phase 2: training. Every rank's address, listener open or not.
@@ -97,7 +97,7 @@ def garbage_trial(*, world: int, rendezvous_connections: int, training_connectio
             flood.join(PHASE_LIMIT_S)
             flood.stop()
         c.tell(0, "finish")
-        c.wait_until(lambda c: len(c.ranks_with("trained") | c.ranks_with("crash")) == world
+        c.wait_until(lambda c: len(c.ranks_with("trained") | c.ranks_with("uncaught")) == world
                      or any(c.exited(r) and r not in c.ranks_with("trained") for r in range(world)),
                      now() + pg_timeout_s + 5.0)
         c.poll(0.1)
@@ -107,7 +107,7 @@ def garbage_trial(*, world: int, rendezvous_connections: int, training_connectio
         c.wait_until(lambda c: all(c.exited(r) for r in range(world)), now() + 10.0)
         c.poll(0.1)
         trained = {r: c.latest(r, "trained") for r in range(world)}
-        rank_errors = {r: c.latest(r, "crash")["message"][:500] for r in range(world) if c.latest(r, "crash")}
+        rank_errors = {r: c.latest(r, "uncaught")["message"][:500] for r in range(world) if c.latest(r, "uncaught")}
         # A process that ended without reporting (a signal, a native crash), or died by a signal after it did.
         crashed = {r: f"exit code {c.exitcode(r)}" for r in range(world)
                    if (trained[r] is None and r not in rank_errors) or (c.exitcode(r) or 0) < 0}
@@ -117,6 +117,27 @@ def garbage_trial(*, world: int, rendezvous_connections: int, training_connectio
     with open(log.name, errors="replace") as f:
         log_text = f.read()
     os.unlink(log.name)
+    phases = _phases(floods, log_text)
+    rec["phases"] = phases
+    rec["connections"] = sum(p["total"] for p in phases.values())
+    rec["accepted"] = sum(p["accepted"] for p in phases.values())
+    rec["rank_errors"] = rank_errors
+    rec["crashed"] = crashed
+    rec["max_init_s"] = round(max(init_s), 3) if init_s else None
+    rec["digest"] = digests.pop() if len(digests) == 1 and len(trained) == world and all(trained.values()) \
+        else sorted(digests)
+    rec["reference"] = reference
+    rec["same_result"] = reference is None or rec["digest"] == reference
+    rec["wrong"] = wrong
+    rec["ok"] = (not rank_errors and not crashed and rec["accepted"] == 0 and isinstance(rec["digest"], str)
+                 and rec["same_result"] and not wrong)
+    if not rec["ok"]:
+        rec["log"] = log_text[-4000:]
+    return rec
+
+
+def _phases(floods, log_text: str) -> dict:
+    """Per flood: its tally, plus how many connections reached a listener, were logged, were accepted."""
     logged = set(re.findall(r"\d+\.\d+\.\d+\.\d+:\d+", log_text))
     phases = {}
     for name, flood in floods:
@@ -131,22 +152,7 @@ def garbage_trial(*, world: int, rendezvous_connections: int, training_connectio
         t["accepted_examples"] = [r for r in records if r["accepted"]][:3]
         t["error_examples"] = [r for r in records if r["outcome"] == "error"][:3]
         phases[name] = t
-    rec["phases"] = phases
-    rec["connections"] = sum(p["total"] for p in phases.values())
-    rec["accepted"] = sum(p["accepted"] for p in phases.values())
-    rec["rank_errors"] = rank_errors
-    rec["crashed"] = crashed
-    rec["max_init_s"] = round(max(init_s), 3) if init_s else None
-    rec["digest"] = digests.pop() if len(digests) == 1 and len(trained) == world and all(trained.values()) \
-        else sorted(digests)
-    rec["reference"] = reference
-    rec["same_result"] = reference is None or rec["digest"] == reference
-    rec["wrong"] = wrong
-    rec["ok"] = not rank_errors and not crashed and rec["accepted"] == 0 and rec["same_result"] and not wrong and isinstance(
-        rec["digest"], str)
-    if not rec["ok"]:
-        rec["log"] = log_text[-4000:]
-    return rec
+    return phases
 
 
 def accepted(r: dict) -> bool:

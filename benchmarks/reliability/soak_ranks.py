@@ -2,8 +2,8 @@
 process's resident memory, open file descriptors and threads as they go.
 
 Mixed phase: one process group; every collective once at max_elems, then `collectives` calls, each a
-collective drawn from collectives.OPS with an element count drawn log-uniformly from 1..max_elems (every rank draws the same sequence from `seed`),
-every result checked exactly. Cycles phase: `cycles` times init_process_group("mccl") on a fresh key space
+collective drawn from collectives.OPS with an element count drawn log-uniformly from 1..max_elems (every
+rank draws the same sequence from `seed`), every result checked exactly. Cycles phase: `cycles` times init_process_group("mccl") on a fresh key space
 of the harness's store (a PrefixStore per cycle), one checked all-reduce, destroy_process_group().
 """
 from __future__ import annotations

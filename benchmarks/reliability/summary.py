@@ -93,6 +93,10 @@ def _brief(r: dict) -> dict:
     return out
 
 
+def _outcomes(by_outcome: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(by_outcome.items()))
+
+
 def table(summary: dict) -> str:
     """The summary as the plain-text table the harness prints."""
     lines = []
@@ -114,7 +118,8 @@ def table(summary: dict) -> str:
         row("message names the victim's rank", f"{s['name_rank']}/{s['raised']}")
         row("message names its address", f"{s['name_addr']}/{s['raised']}")
         row("DistBackendError", f"{s['dist_backend_error']}/{s['raised']}")
-        row("later call raised / destroy ok", f"{s['later_call_raised']}/{s['raised']} / {s['destroy_ok']}/{s['raised']}")
+        row("later call raised / destroy ok",
+            f"{s['later_call_raised']}/{s['raised']} / {s['destroy_ok']}/{s['raised']}")
     s = summary.get("mismatch")
     if s and s["trials"]:
         lines.append("MISMATCH trials")
@@ -130,9 +135,9 @@ def table(summary: dict) -> str:
             continue
         lines.append(title)
         row("trials passed", f"{s['passed']}/{s['trials']}")
-        row("connections", f"{s['connections']} ({', '.join(f'{k} {v}' for k, v in sorted(s['by_outcome'].items()))})")
+        row("connections", f"{s['connections']} ({_outcomes(s['by_outcome'])})")
         for name, p in s["phases"].items():
-            row(f"  during {name}", f"{p['connections']} ({', '.join(f'{k} {v}' for k, v in sorted(p['by_outcome'].items()))})")
+            row(f"  during {name}", f"{p['connections']} ({_outcomes(p['by_outcome'])})")
         row("reached a listener / logged", f"{s['reached_a_listener']} / {s['logged_by_ranks']}")
         row("accepted", s["accepted"])
         row("trials with rank errors / crashed", f"{s['rank_errors']} / {s['crashed_processes']}")

@@ -51,7 +51,8 @@ class Resumable(L.LightningModule):
             f.write(f"attempt {self.attempt} started at global step {self.global_step}\n")
 
     def on_train_batch_start(self, batch, batch_idx) -> None:
-        if self.kill_at is not None and self.attempt == 0 and self.global_rank == 1 and self.global_step == self.kill_at:
+        first_attempt = self.attempt == 0
+        if first_attempt and self.global_rank == 1 and self.kill_at is not None and self.global_step == self.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def configure_optimizers(self):
