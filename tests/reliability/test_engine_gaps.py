@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import bounded
+from reliability_env import bounded
 from reliability.fault_trials import mismatch_trial
 from reliability.garbage_trials import garbage_trial
 

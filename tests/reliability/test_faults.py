@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import BENCHMARKS, bounded
+from reliability_env import BENCHMARKS, bounded
 from reliability.fault_trials import fault_trial, mismatch_trial
 from reliability.garbage import BASIC_KINDS
 from reliability.garbage_trials import garbage_trial, reference_digest

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from conftest import BENCHMARKS
+from reliability_env import BENCHMARKS
 from reliability.growth import verdict
 
 
