@@ -4,6 +4,8 @@
     python rank_programs.py sleep DIR [--ignore-int] # start a grandchild, record both pids in DIR, sleep
     python rank_programs.py fail DIR RANK CODE       # rank RANK exits CODE once every other rank sleeps
     python rank_programs.py allreduce                # mccl allreduce over env:// and print the result
+    python rank_programs.py flaky DIR RANK CODE N    # record this attempt; on the first N attempts rank RANK
+                                                     # exits CODE once the others sleep, later attempts exit 0
 
 Only `allreduce` imports torch (slow); the others use the standard library, to keep the tests fast.
 """
@@ -16,6 +18,8 @@ import time
 
 VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
         "GROUP_RANK", "MCCL_NODE_RANK", "MCCL_SOCKET_IFNAME", "PYTHONUNBUFFERED", "MCCL_TEST_FORWARDED")
+RESTART_VARS = ("MCCL_RESTART_COUNT", "MCCL_MAX_RESTARTS", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+                "MASTER_PORT")
 SLEEP_S = 120
 
 
@@ -55,6 +59,20 @@ def fail(out_dir, failing_rank, code) -> None:
     sys.exit(code)
 
 
+def flaky(out_dir, failing_rank, code, failing_attempts) -> None:
+    """Attempt k writes attempt-<k>-rank<R>.json (its restart variables and pid); on the first
+    `failing_attempts` attempts rank `failing_rank` fails (see `fail`), the others sleep until stopped."""
+    attempt = int(os.environ["MCCL_RESTART_COUNT"])
+    write_json(os.path.join(out_dir, f"attempt-{attempt}-rank{rank()}.json"),
+               {"env": {k: os.environ.get(k) for k in RESTART_VARS}, "pid": os.getpid()})
+    print(f"rank {rank()} attempt {attempt}", flush=True)
+    if attempt >= failing_attempts:
+        return
+    attempt_dir = os.path.join(out_dir, f"attempt-{attempt}")
+    os.makedirs(attempt_dir, exist_ok=True)
+    fail(attempt_dir, failing_rank, code)
+
+
 def allreduce() -> None:
     from datetime import timedelta
 
@@ -80,6 +98,8 @@ def main(argv) -> None:
         sleep(argv[1], ignore_int="--ignore-int" in argv)
     elif mode == "fail":
         fail(argv[1], int(argv[2]), int(argv[3]))
+    elif mode == "flaky":
+        flaky(argv[1], int(argv[2]), int(argv[3]), int(argv[4]))
     elif mode == "allreduce":
         allreduce()
     else:

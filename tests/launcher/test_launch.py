@@ -95,7 +95,8 @@ def test_ssh_argv_for_a_two_host_hostfile():
     assert replaced and command[0] == python
     plan = hostfile_plan(hostfile, command, ssh=["ssh", "-o", "BatchMode=yes"], python=python,
                          cwd="/Users/me/proj", env={"HF_HOME": "/data/hf"})
-    launcher_env = {"MCCL_DEBUG": "INFO", "MCCL_SOCKET_IFNAME": "en0", "MCCL_NODE_RANK": "7", "HOME": "/home/x"}
+    launcher_env = {"MCCL_DEBUG": "INFO", "MCCL_SOCKET_IFNAME": "en0", "MCCL_NODE_RANK": "7", "HOME": "/home/x",
+                    "MCCL_RESTART_COUNT": "5"}  # a launcher started by a restarted job: never copied
     specs = plan.rank_specs(base_env=launcher_env)
     assert [(s.rank, s.host, s.label) for s in specs] == [(0, "studio-01", "studio-01 r0"),
                                                            (1, "studio-02", "studio-02 r1")]
@@ -111,7 +112,8 @@ def test_ssh_argv_for_a_two_host_hostfile():
         expected = {"MASTER_ADDR": "10.0.0.11", "MASTER_PORT": "29555", "WORLD_SIZE": "2", "RANK": str(node),
                     "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "NODE_RANK": str(node), "GROUP_RANK": str(node),
                     "MCCL_NODE_RANK": str(node), "MCCL_DEBUG": "INFO", "HF_HOME": "/data/hf",
-                    "PYTHONUNBUFFERED": "1"}
+                    "PYTHONUNBUFFERED": "1", "MCCL_RESTART_COUNT": "0", "MCCL_MAX_RESTARTS": "0",
+                    "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
         if node == 0:
             expected["MCCL_SOCKET_IFNAME"] = "en8"  # the host's ifname, never the launcher's en0
         assert shim["env"] == expected

@@ -24,6 +24,17 @@ interpreter), because a non-interactive ssh shell has no virtual environment act
 Supervision (see `supervise`): output prefixed ``[host rN]`` on stdout; the first rank to fail stops all
 the others and its exit code is the launcher's; Ctrl-C (SIGINT) is forwarded to every rank as SIGINT,
 anything still alive ``--grace`` seconds later is killed, and the launcher exits with 130.
+
+Restarts (``--max-restarts N``): when a rank fails, every rank is stopped as above and then all of them
+are started again, up to N times; the job resumes from its own checkpoints (e.g. Lightning's
+``ckpt_path="last"``). Each attempt rendezvouses afresh: on a new free port with ``--local`` (unless
+``--master-port`` is given), else on the same port, which the previous attempt's store released when its
+processes ended. Every rank gets MCCL_RESTART_COUNT (0 on the first attempt) and MCCL_MAX_RESTARTS, and
+torchrun's names for them, TORCHELASTIC_RESTART_COUNT and TORCHELASTIC_MAX_RESTARTS. Ctrl-C, a signal to
+the launcher, or a rank that cannot be started at all ends the job without a restart; after the last
+restart the launcher exits with the last failing rank's code. Why not torchrun's elastic agent: it needs
+an agent started by hand on every Mac and a rendezvous backend between them; `mccl launch` already
+controls every host from one command (over ssh), so restarting the whole job from there needs nothing more.
 """
 from __future__ import annotations
 
@@ -34,7 +45,7 @@ import re
 import shlex
 import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
@@ -47,8 +58,8 @@ DEFAULT_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=
 DEFAULT_GRACE_S = 10.0
 LOCAL_ADDR = "127.0.0.1"
 LOCAL_HOST_NAME = "local"
-# Set per host by the launcher, so never copied from the launcher's own environment.
-PER_HOST_VARS = ("MCCL_SOCKET_IFNAME", "MCCL_NODE_RANK")
+# Set per host or per attempt by the launcher, so never copied from the launcher's own environment.
+PER_HOST_VARS = ("MCCL_SOCKET_IFNAME", "MCCL_NODE_RANK", "MCCL_RESTART_COUNT", "MCCL_MAX_RESTARTS")
 # `python -c` program that runs the rank shim's source, passed (base64) as its first argument.
 SHIM_BOOTSTRAP = "import base64,sys;exec(base64.b64decode(sys.argv[1]))"
 _SHIM_SOURCE_B64 = base64.b64encode(Path(rank_shim.__file__).read_bytes()).decode("ascii")
@@ -103,6 +114,8 @@ class LaunchPlan:
     env: Mapping[str, str] = field(default_factory=dict)
     grace: float = DEFAULT_GRACE_S
     netns: Optional[Tuple[str, ...]] = None
+    restart: int = 0  # which attempt this is (0: the first)
+    max_restarts: int = 0
 
     @property
     def world_size(self) -> int:
@@ -139,6 +152,10 @@ class LaunchPlan:
             "NODE_RANK": str(node_rank),
             "GROUP_RANK": str(node_rank),
             "MCCL_NODE_RANK": str(node_rank),
+            "MCCL_RESTART_COUNT": str(self.restart),
+            "MCCL_MAX_RESTARTS": str(self.max_restarts),
+            "TORCHELASTIC_RESTART_COUNT": str(self.restart),
+            "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts),
         })
         ifname = self.hosts[node_rank].ifname
         if ifname:
@@ -172,6 +189,11 @@ class LaunchPlan:
             except ValueError:
                 return None
         return None
+
+    def next_attempt(self, fresh_port: bool) -> "LaunchPlan":
+        """The plan of the next attempt after a failure: restart + 1, on a new free port if `fresh_port`."""
+        return replace(self, restart=self.restart + 1,
+                       master_port=free_port() if fresh_port else self.master_port)
 
     def describe(self) -> str:
         n = self.world_size
@@ -227,6 +249,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
 def _port(text: str) -> int:
     value = _positive_int(text)
     if value > 65535:
@@ -271,6 +303,8 @@ host's ifname. --local N acts as N hosts of --nproc-per-node ranks each: Trainer
 
 output: every line of every rank, prefixed [host rN], on stdout; the launcher's messages on stderr.
 exit code: the first failing rank's (the others are stopped at once), 130 after Ctrl-C, 0 when all succeed.
+--max-restarts N: after a failure, all ranks start again (up to N times; MCCL_RESTART_COUNT says which
+attempt); the exit code is then the last attempt's.
 """
 
 
@@ -278,6 +312,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_fleet_arguments(parser)
     parser.add_argument("--nproc-per-node", metavar="P", type=_positive_int, default=1,
                         help="ranks per host (default: 1; one Mac, one rank)")
+    parser.add_argument("--max-restarts", metavar="N", type=_non_negative_int, default=0,
+                        help="when a rank fails, stop all ranks and start them all again, up to N times "
+                             "(default: 0); ranks see MCCL_RESTART_COUNT")
     parser.add_argument("--env", metavar="NAME[=VALUE]", action="append", default=[],
                         help="set NAME for every rank (NAME alone: this shell's value); repeatable")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command every rank runs, after --")
@@ -343,16 +380,27 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
         plan = plan_from_args(args, command, nproc_per_node=args.nproc_per_node, env=env)
     except (LaunchError, HostfileError) as e:
         parser.error(str(e))
+    plan = replace(plan, max_restarts=args.max_restarts)
     log = make_log(stderr_console())
     log(f"launching {plan.describe()}: {shlex.join(plan.command)}")
     if replaced:
         log(f"`python` runs as {plan.python} (see --python)")
-    outcome = supervise(plan, log=log)
+    fresh_port = args.local is not None and args.master_port is None
+    while True:
+        outcome = supervise(plan, log=log)
+        if outcome.reason != "failed" or plan.restart >= plan.max_restarts:
+            break
+        f = outcome.failed
+        plan = plan.next_attempt(fresh_port)
+        log(f"rank {f.spec.rank} on {f.spec.host} failed with exit code {f.returncode}: restarting all "
+            f"{plan.world_size} ranks (restart {plan.restart} of {plan.max_restarts}, master port {plan.master_port})")
     if outcome.reason == "ok":
-        log(f"all {plan.world_size} ranks finished")
+        log(f"all {plan.world_size} ranks finished" + (f" (after {plan.restart} restart{'s' if plan.restart > 1 else ''})"
+                                                       if plan.restart else ""))
     elif outcome.reason == "failed":
         f = outcome.failed
-        log(f"failed: rank {f.spec.rank} on {f.spec.host} exited with code {f.returncode}")
+        tail = f" (no restarts left after {plan.restart})" if plan.max_restarts else ""
+        log(f"failed: rank {f.spec.rank} on {f.spec.host} exited with code {f.returncode}{tail}")
     else:
         log(f"stopped ({outcome.reason}); exit code {outcome.returncode}")
     return outcome.returncode

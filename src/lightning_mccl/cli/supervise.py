@@ -15,8 +15,8 @@ Ranks are controlled only through their stdin (see `rank_shim`): the launcher wr
 rank's local process runs in its own session, so a Ctrl-C typed in the terminal reaches only the launcher,
 which forwards it once, to every rank alike.
 
-Extension points (a restart policy is planned): `_on_exit` sees every rank exit in the order they happen,
-and `run` starts from scratch each time it is called.
+`run` starts from scratch each time it is called: `mccl launch --max-restarts` calls it again (with a new
+set of ranks) after a failure. `_on_exit` sees every rank exit in the order they happen.
 """
 from __future__ import annotations
 

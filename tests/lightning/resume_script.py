@@ -1,0 +1,87 @@
+"""A Lightning fit that can be killed and resumed, for test_resume_after_kill.py. Run it under
+`mccl launch --local 1 --nproc-per-node 2 [--max-restarts 1] -- python resume_script.py OUT_DIR [KILL_AT]`.
+
+Trains a tiny deterministic model (2 CPU ranks, strategy="mccl", SGD with momentum, a shuffled dataset:
+the order depends on the epoch) for EPOCHS epochs of STEPS_PER_EPOCH steps, checkpointing at the end of
+every epoch into OUT_DIR/ckpt (save_last). Every attempt resumes from OUT_DIR/ckpt/last.ckpt when there is
+one (ckpt_path="last"). With KILL_AT, on the first attempt (MCCL_RESTART_COUNT=0) rank 1 SIGKILLs itself
+when it is about to run global step KILL_AT, mid-epoch. At the end every rank writes
+OUT_DIR/final.rank<R>.pt: its parameters and SGD momentum buffers; every attempt appends to
+OUT_DIR/attempts.rank<R>.txt the global step it started at.
+
+Why end-of-epoch checkpoints: resuming a checkpoint taken mid-epoch is exact only with a resumable data
+loader (Lightning then replays the epoch's remaining batches); at an epoch boundary any loader is exact.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import lightning_mccl  # noqa: F401  (registers the backend and the "mccl" strategy)
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+import lightning as L  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+
+EPOCHS = 3
+BATCH = 4
+STEPS_PER_EPOCH = 5
+SAMPLES = 2 * BATCH * STEPS_PER_EPOCH  # 2 ranks
+IN, HID, OUT = 8, 16, 3
+
+
+class Resumable(L.LightningModule):
+    def __init__(self, out_dir: str, kill_at: int | None) -> None:
+        super().__init__()
+        torch.manual_seed(1234)
+        self.net = nn.Sequential(nn.Linear(IN, HID), nn.Tanh(), nn.Linear(HID, OUT))
+        self.out_dir, self.kill_at = out_dir, kill_at
+        self.attempt = int(os.environ.get("MCCL_RESTART_COUNT", "0"))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y)
+
+    def on_train_start(self) -> None:
+        with open(os.path.join(self.out_dir, f"attempts.rank{self.global_rank}.txt"), "a") as f:
+            f.write(f"attempt {self.attempt} started at global step {self.global_step}\n")
+
+    def on_train_batch_start(self, batch, batch_idx) -> None:
+        first_attempt = self.attempt == 0
+        if first_attempt and self.global_rank == 1 and self.kill_at is not None and self.global_step == self.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+    def train_dataloader(self):
+        g = torch.Generator().manual_seed(99)
+        x = torch.randn(SAMPLES, IN, generator=g)
+        y = torch.randn(SAMPLES, OUT, generator=g)
+        return DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=True)
+
+
+def main() -> None:
+    out_dir = sys.argv[1]
+    kill_at = int(sys.argv[2]) if len(sys.argv) > 2 else None
+    model = Resumable(out_dir, kill_at)
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    checkpoint = ModelCheckpoint(dirpath=os.path.join(out_dir, "ckpt"), save_last=True, save_top_k=-1,
+                                 every_n_epochs=1, filename="{epoch}")
+    trainer = L.Trainer(strategy="mccl", accelerator="cpu", devices=2, max_epochs=EPOCHS, logger=False,
+                        callbacks=[checkpoint], enable_progress_bar=False, enable_model_summary=False,
+                        deterministic=True)
+    trainer.fit(model, ckpt_path="last")
+    optimizer = trainer.optimizers[0]
+    torch.save({"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
+                "momentum": [optimizer.state[p]["momentum_buffer"].clone() for p in model.parameters()],
+                "initial": initial, "global_step": trainer.global_step},
+               os.path.join(out_dir, f"final.rank{trainer.global_rank}.pt"))
+
+
+if __name__ == "__main__":
+    main()
