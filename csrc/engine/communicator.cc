@@ -310,6 +310,7 @@ void Communicator::run_op(Op& op) {
     try {
       Collective c(*transport_, config_, scratch_, &wire_buffers_, op.identity, Clock::now() + timeout_);
       op.body(c);
+      transport_->check_no_stray_frames(op.identity.seq);
     } catch (...) {
       error = std::current_exception();
       transport_->fail(error);

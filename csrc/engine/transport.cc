@@ -200,6 +200,20 @@ RequestPtr Transport::post_recv(int peer, const FrameHeader& expected, void* dat
   return request;
 }
 
+void Transport::check_no_stray_frames(uint64_t seq) {
+  for (const auto& u : unexpected_) {
+    if (u.header.channel != static_cast<uint8_t>(Channel::kCollective) || u.header.seq > seq) continue;
+    Error error(Error::Kind::kMismatch,
+                "MCCL collective mismatch: " + peer_name(u.source) + " sent a frame of " + describe(u.header) +
+                    " (step " + std::to_string(u.header.step) + ", " + std::to_string(u.header.length) +
+                    " bytes) that rank " + std::to_string(rank_) +
+                    " never expected in that collective: the ranks called different collectives, or the same "
+                    "one with a different root or size");
+    fail(std::make_exception_ptr(error));
+    throw error;
+  }
+}
+
 bool Transport::matches(const Request& r, int source, const FrameHeader& h) const {
   return (r.peer == kAnySource || r.peer == source) && r.header.channel == h.channel && r.header.seq == h.seq;
 }

@@ -94,6 +94,11 @@ class Transport {
   std::exception_ptr fatal_error() const { return fatal_; }
   void throw_if_failed() const;
 
+  // After collective #seq has completed here: every frame of it (or of an earlier one) that this rank
+  // was sent has been received, so one still unmatched means the ranks called different collectives
+  // (e.g. a broadcast whose root differs per rank, where both "roots" only send). Throws kMismatch.
+  void check_no_stray_frames(uint64_t seq);
+
  private:
   struct Pair;
   // Heap memory for frames that arrive before their receive is posted; recycled, never zero-filled.
