@@ -90,6 +90,10 @@ void Socket::shutdown() {
   if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
 }
 
+void Socket::shutdown_write() {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_WR);
+}
+
 void Socket::set_nonblocking() {
   int flags = fcntl(fd_, F_GETFL, 0);
   if (flags < 0 || fcntl(fd_, F_SETFL, flags | O_NONBLOCK) < 0)

@@ -44,6 +44,8 @@ class Socket {
   void close();
   // shutdown(SHUT_RDWR): wakes a peer blocked on this connection without giving up the fd yet.
   void shutdown();
+  // shutdown(SHUT_WR): sends FIN after whatever is queued (an abort frame), keeps reading possible.
+  void shutdown_write();
 
   // Non-blocking, close-on-exec, no SIGPIPE, TCP_NODELAY, optional buffer sizes.
   void configure_for_data(size_t buffer_bytes);

@@ -125,8 +125,33 @@ void Transport::check_liveness() {
 }
 
 Transport::~Transport() {
+  drain_before_close();
   ::close(wake_read_);
   ::close(wake_write_);
+}
+
+// Closing a socket with unread bytes makes the kernel send a reset, and a reset makes the peer's kernel
+// drop what it had received but not yet read: our abort frame. So the sockets are read empty first;
+// after a failure, also for a moment longer (bounded), until the peers close their ends too.
+void Transport::drain_before_close() {
+  const Deadline deadline = Clock::now() + std::chrono::milliseconds(fatal_ ? 100 : 0);
+  std::vector<pollfd> fds;
+  for (auto& pair : pairs_) {
+    if (pair && pair->sock.valid()) fds.push_back({pair->sock.fd(), POLLIN, 0});
+  }
+  char sink[16384];
+  while (!fds.empty()) {
+    for (size_t i = 0; i < fds.size();) {
+      ssize_t n;
+      do n = ::recv(fds[i].fd, sink, sizeof(sink), 0);
+      while (n > 0);
+      bool open = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
+      if (open) ++i;
+      else fds.erase(fds.begin() + static_cast<std::ptrdiff_t>(i));  // end of stream or error: done
+    }
+    int wait_ms = ms_until(deadline, 100);
+    if (fds.empty() || wait_ms <= 0 || ::poll(fds.data(), fds.size(), wait_ms) <= 0) break;
+  }
 }
 
 std::string Transport::peer_name(int rank) const {
@@ -578,7 +603,7 @@ void Transport::fail(std::exception_ptr error, bool notify_peers) {
   fatal_ = error;
   if (notify_peers) send_abort(error);
   for (auto& pair : pairs_) {
-    if (pair) pair->sock.shutdown();
+    if (pair) pair->sock.shutdown_write();  // the peers read our abort, then end of stream
   }
   std::vector<RequestPtr> pending(posted_recvs_.begin(), posted_recvs_.end());
   for (auto& pair : pairs_) {

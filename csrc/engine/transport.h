@@ -124,6 +124,7 @@ class Transport {
   void on_control(Pair& pair);
   Error closed_error(const Pair& pair) const;
   void send_abort(const std::exception_ptr& error);
+  void drain_before_close();
   void finish_unexpected(Pair& pair);
   void complete(const RequestPtr& request);
   bool matches(const Request& r, int source, const FrameHeader& h) const;

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -315,7 +316,10 @@ class CompletionPool {
   void post(std::function<void()> task) {
     std::lock_guard<std::mutex> lock(mu_);
     tasks_.push_back(std::move(task));
-    if (idle_ == 0 && threads_ < kMaxThreads) {
+    // A worker that has finished its task and is coming back for the next (returning_) takes this one:
+    // counting it avoids starting a thread that would only ever idle. A worker still inside a task is
+    // not counted: that task may wait on this very completion.
+    if (idle_ + returning_.load() == 0 && threads_ < kMaxThreads) {
       ++threads_;
       std::thread([this] {
         mccl::set_thread_name("mccl-complete");
@@ -338,7 +342,9 @@ class CompletionPool {
       tasks_.pop_front();
       lock.unlock();
       task();
+      ++returning_;
       lock.lock();
+      --returning_;
     }
   }
 
@@ -346,6 +352,7 @@ class CompletionPool {
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
   int idle_ = 0;
+  std::atomic<int> returning_{0};  // finished a task, not yet back under the lock
   int threads_ = 0;
 };
 

@@ -123,12 +123,14 @@ FrameHeader p2p(uint64_t tag, uint64_t count) {
 void fuzz_transport(uint8_t options, const uint8_t* data, size_t size) {
   int fds[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return;
-  Socket peer_end(fds[1]);
   std::vector<Socket> peers(kWorld);
   peers[1] = Socket(fds[0]);
   peers[1].configure_for_data(0);
-  peer_end.set_nonblocking();
   Transport t(0, kWorld, kCommId, std::move(peers), {"10.0.0.1:1", "10.0.0.2:2"}, kMaxMessage);
+  // Declared after the Transport, so it closes first: the Transport's drain at close then sees the end of
+  // the stream at once, as it would from a real peer that exits.
+  Socket peer_end(fds[1]);
+  peer_end.set_nonblocking();
   std::vector<char> coll(64), tag7(16), tag9(32);
   auto check = [](const Error& e) {
     // A peer's abort frame legitimately hands over its own error kind; anything else must be one of these.
