@@ -23,6 +23,7 @@ Communicator::Communicator(Store& store, int rank, int size, std::chrono::millis
   transport_ = std::make_unique<Transport>(rank, size, mesh.comm_id, std::move(mesh.peers),
                                            std::move(mesh.peer_addresses), config_.max_message_bytes);
   transport_->set_heartbeat(config_.heartbeat_interval, config_.heartbeat_timeout);
+  transport_->set_spin(std::chrono::microseconds(config_.spin_us));
   transport_->set_on_wakeup([this] { drain_commands(); });
   thread_ = std::thread([this] {
     set_thread_name("mccl-progress");

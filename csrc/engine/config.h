@@ -33,10 +33,10 @@ struct Config {
   // MCCL_WIRE_DTYPE: off | bf16 | fp16. Float32 payloads of collectives travel in this type (half the
   // bytes), rounded to nearest even; kFloat32 means off. Point-to-point send/recv are never compressed.
   DataType wire_dtype = DataType::kFloat32;
-  // MCCL_SPIN_US: after a collective, the progress thread keeps polling (yielding the CPU between polls) this
-  // long for the next one, and a caller waiting on a collective checks this long before it sleeps: saves
-  // two thread wake-ups per call for back-to-back small collectives. 0: always sleep.
-  uint32_t spin_us = 0;
+  // MCCL_SPIN_US: how long a waiting thread keeps polling (yielding the CPU between polls) before it
+  // sleeps: the progress thread waiting for a peer's frame or for the next collective, and a caller
+  // waiting on a collective. Saves thread wake-ups on every small collective; 0: always sleep.
+  uint32_t spin_us = 50;
   // MCCL_DEBUG: 0 = errors only, 1 = warnings (default), 2 = info (connections), 3 = trace (every collective).
   int debug_level = 1;
   // MCCL_AUTH_SECRET, or the contents of the file MCCL_AUTH_SECRET_FILE (trailing whitespace removed):

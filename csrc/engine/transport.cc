@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "error.h"
 #include "log.h"
@@ -270,20 +271,23 @@ void Transport::complete(const RequestPtr& request) {
   }
 }
 
-void Transport::wait(const RequestPtr& request, Deadline deadline) {
-  while (!request->done) {
-    throw_if_failed();
-    if (Clock::now() >= deadline) timeout({request});
-    progress(ms_until(deadline, 1000));
-  }
-}
+// Waiting polls without sleeping (yielding the CPU between rounds) for up to spin_ first: on a
+// low-latency link the peer's frame usually comes sooner than a sleeping thread could be woken for it.
+void Transport::wait(const RequestPtr& request, Deadline deadline) { wait_all({request}, deadline); }
 
 void Transport::wait_all(const std::vector<RequestPtr>& requests, Deadline deadline) {
+  const Deadline spin_until = spin_.count() > 0 ? Clock::now() + spin_ : Deadline{};
   for (const auto& request : requests) {
     while (!request->done) {
       throw_if_failed();
-      if (Clock::now() >= deadline) timeout(requests);
-      progress(ms_until(deadline, 1000));
+      const auto now = Clock::now();
+      if (now >= deadline) timeout(requests);
+      if (now < spin_until) {
+        progress(0);
+        if (!request->done) std::this_thread::yield();
+      } else {
+        progress(ms_until(deadline, 1000));
+      }
     }
   }
 }

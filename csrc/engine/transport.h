@@ -82,6 +82,8 @@ class Transport {
   // Heartbeats (MCCL_HEARTBEAT_INTERVAL / MCCL_HEARTBEAT_TIMEOUT); a zero timeout turns them off.
   // The interval used is at most a quarter of the timeout.
   void set_heartbeat(std::chrono::milliseconds interval, std::chrono::milliseconds timeout);
+  // MCCL_SPIN_US: how long wait() polls without sleeping before it blocks in poll().
+  void set_spin(std::chrono::microseconds spin) { spin_ = spin; }
 
   // What is running now, for error messages ("allreduce #12 of 1024 float32 (sum)"); described only
   // when a message needs it, so the data path builds no strings. set_idle(): nothing is running.
@@ -154,6 +156,7 @@ class Transport {
   Clock::duration heartbeat_timeout_{};
   Clock::time_point round_start_;
   Clock::time_point next_liveness_check_;
+  std::chrono::microseconds spin_{0};
   std::string context() const { return busy_ ? describe(context_) : "idle"; }
   FrameHeader context_;
   bool busy_ = false;
