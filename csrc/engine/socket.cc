@@ -210,6 +210,20 @@ size_t Socket::recv_some(void* data, size_t size) {
   }
 }
 
+size_t Socket::recv_some(const struct iovec* iov, int iovcnt) {
+  msghdr msg{};
+  msg.msg_iov = const_cast<struct iovec*>(iov);
+  msg.msg_iovlen = iovcnt;
+  while (true) {
+    ssize_t n = ::recvmsg(fd_, &msg, 0);
+    if (n > 0) return static_cast<size_t>(n);
+    if (n == 0) fail(Error::Kind::kConnection, "the peer closed the connection");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    fail(Error::Kind::kConnection, "recv failed: ", std::strerror(errno));
+  }
+}
+
 sockaddr_storage Socket::local_address() const {
   sockaddr_storage addr{};
   socklen_t len = sizeof(addr);

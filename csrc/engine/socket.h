@@ -64,6 +64,7 @@ class Socket {
   // recv_some throws kConnection when the peer closed; both throw kConnection on socket errors.
   size_t send_some(const struct iovec* iov, int iovcnt);
   size_t recv_some(void* data, size_t size);
+  size_t recv_some(const struct iovec* iov, int iovcnt);  // scatter: fills iov[0] first
 
   sockaddr_storage local_address() const;
   sockaddr_storage peer_address() const;

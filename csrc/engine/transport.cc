@@ -22,6 +22,7 @@ struct Transport::Pair {
   // Receive state machine: header bytes, then payload into `target` or into `stash`.
   FrameHeader header;
   size_t header_got = 0;
+  FrameHeader next_header;  // the start of the next frame, read together with a payload's last bytes
   bool in_payload = false;
   size_t payload_got = 0;
   RequestPtr target;      // the posted receive this payload lands in, or null
@@ -385,6 +386,9 @@ void Transport::write_ready(Pair& pair) {
   }
 }
 
+// A read that returns less than it asked for means the socket is drained: back to poll() rather than
+// paying for a read that would only say EAGAIN. The read that ends a payload also asks for the next
+// frame's header, so a stream of small frames costs about one read each.
 void Transport::read_ready(Pair& pair) {
   while (!pair.closed) {
     if (!pair.in_payload) {
@@ -400,9 +404,8 @@ void Transport::read_ready(Pair& pair) {
       if (n == 0) return;
       pair.last_heard = round_start_;
       pair.header_got += n;
-      if (pair.header_got < sizeof(FrameHeader)) continue;
+      if (pair.header_got < sizeof(FrameHeader)) return;
       on_header(pair);
-      if (pair.in_payload) continue;
       if (fatal_) return;
       continue;
     }
@@ -412,14 +415,25 @@ void Transport::read_ready(Pair& pair) {
       want = std::min(want, pair.stash.buffer.capacity - pair.payload_got);
     }
     char* dest = pair.target ? pair.target->data : pair.stash.buffer.data();
-    size_t n = pair.sock.recv_some(dest + pair.payload_got, want);
+    const bool ends_payload = pair.payload_got + want == pair.header.length;
+    const iovec iov[2] = {{dest + pair.payload_got, want}, {&pair.next_header, sizeof(FrameHeader)}};
+    const size_t asked = want + (ends_payload ? sizeof(FrameHeader) : 0);
+    const size_t n = pair.sock.recv_some(iov, ends_payload ? 2 : 1);
     if (n == 0) return;
     pair.last_heard = round_start_;
-    pair.payload_got += n;
+    pair.payload_got += std::min(n, want);
     if (pair.payload_got == pair.header.length) {
       pair.in_payload = false;
       deliver(pair);
+      if (n > want) {  // the next frame's header, in part or whole
+        std::memcpy(&pair.header, &pair.next_header, n - want);
+        pair.header_got = n - want;
+        if (pair.header_got < sizeof(FrameHeader) || pair.closed) return;
+        on_header(pair);
+        if (fatal_) return;
+      }
     }
+    if (n < asked) return;
   }
 }
 
