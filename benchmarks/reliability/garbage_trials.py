@@ -6,7 +6,7 @@ the last rank joins, and while the job trains, another Flood makes `training_con
 every rank's address (outside rendezvous the engine keeps no listener open, so today these are refused).
 The trial passes when
   - no rank crashed or raised, and every rank finished training (0 crashes),
-  - no connection was accepted (kept open, or answered and never logged as closed: see `accepted`),
+  - no connection was accepted (kept open, or answered with more than the challenge: see `accepted`),
   - the trained weights equal, bit for bit, those of the same job without garbage (`reference`),
   - every collective checked during training was exact.
 It also counts the connections the ranks logged (the engine logs every connection it closes, with the
@@ -137,8 +137,12 @@ def garbage_trial(*, world: int, rendezvous_connections: int, training_connectio
 
 
 def _phases(floods, log_text: str) -> dict:
-    """Per flood: its tally, plus how many connections reached a listener, were logged, were accepted."""
+    """Per flood: its tally, plus how many connections reached a listener, were logged, were accepted.
+    The engine logs the first rejected connections of a rendezvous one by one, with the client's address,
+    and the rest as a count ("closed N more unauthenticated connection(s)"): logged_by_ranks counts the
+    addresses, counted_by_ranks adds the counts (across all phases: the log does not say which)."""
     logged = set(re.findall(r"\d+\.\d+\.\d+\.\d+:\d+", log_text))
+    counted = sum(int(n) for n in re.findall(r"closed (\d+) more unauthenticated connection", log_text))
     phases = {}
     for name, flood in floods:
         records = flood.records
@@ -148,6 +152,7 @@ def _phases(floods, log_text: str) -> dict:
         t = tally(records)
         t["reached_a_listener"] = sum(1 for r in records if r["local"])
         t["logged_by_ranks"] = sum(1 for r in records if r["logged"])
+        t["counted_by_ranks"] = counted
         t["accepted"] = sum(1 for r in records if r["accepted"])
         t["accepted_examples"] = [r for r in records if r["accepted"]][:3]
         t["error_examples"] = [r for r in records if r["outcome"] == "error"][:3]
@@ -155,10 +160,20 @@ def _phases(floods, log_text: str) -> dict:
     return phases
 
 
+# What a listener sends before it has checked anything: its own Hello, the challenge (csrc/engine/wire.h).
+SERVER_CHALLENGE_BYTES = 56
+
+
 def accepted(r: dict) -> bool:
-    """Whether the server took connection `r` for a peer: it kept it open, or answered it (a Hello) and never
-    logged closing it. A server that answers first (a challenge) and then closes and logs it did not."""
-    return r["outcome"] == "open" or (r["outcome"] == "replied" and not r["logged"])
+    """Whether the server took connection `r` for a peer: it kept it open, or it sent more than its
+    challenge (the Hello every listener sends first, before the client has proved anything) before closing.
+    A server that answers with its challenge and then closes the connection did not accept it."""
+    if r["outcome"] == "open":
+        return True
+    if r["outcome"] != "replied":
+        return False
+    m = re.match(r"(\d+) bytes", r.get("detail", ""))
+    return m is None or int(m.group(1)) > SERVER_CHALLENGE_BYTES
 
 
 def reference_digest(world: int, pg_timeout_s: float = 30.0) -> str:

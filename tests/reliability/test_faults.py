@@ -60,8 +60,10 @@ def test_garbage_connections_are_closed_logged_and_change_nothing():
     assert rec["ok"], _explain(rec)
     rdv, train = rec["phases"]["rendezvous"], rec["phases"]["training"]
     assert rdv["total"] == 100 and train["total"] == 100 and rec["accepted"] == 0
-    # during rendezvous every connection reached a listener, which closed it and logged its address
-    assert rdv["reached_a_listener"] == 100 and rdv["logged_by_ranks"] == 100, _explain(rec)
+    # during rendezvous every connection reached a listener, which closed it and logged it (the first ones
+    # by address, the rest as a count)
+    assert rdv["reached_a_listener"] == 100, _explain(rec)
+    assert rdv["logged_by_ranks"] >= 1 and rdv["logged_by_ranks"] + rdv["counted_by_ranks"] == 100, _explain(rec)
     assert rec["digest"] == ref and not rec["rank_errors"] and not rec["crashed"]
 
 
