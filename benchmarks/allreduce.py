@@ -283,8 +283,8 @@ def write_outputs(out: str, rows: list, header: dict, ops: list, labels: list, b
                   link_gbps=None) -> None:
     world = rows[0]["world"] if rows else 0
     factors = "; ".join(f"{op} {BUS_FACTORS.get(op, '(n-1)/n')}" for op in ops)
-    notes = [f"time: barrier, then one collective; the slowest rank's time; median (min, max) over the "
-             f"repetitions. algbw = size / median time; busbw = algbw x the nccl-tests factor ({factors}); "
+    notes = [f"time: barrier, then back-to-back collectives for at least 20 ms (one when it takes longer), "
+             f"per call; the slowest rank's time; median (min, max) over the repetitions. algbw = size / median time; busbw = algbw x the nccl-tests factor ({factors}); "
              f"GB/s = 1e9 B/s. vs {baseline}: {baseline}'s median time / this series' (above 1: faster than "
              f"{baseline})."]
     table = result_table(rows, baseline, len(ops) > 1)

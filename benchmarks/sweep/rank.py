@@ -41,24 +41,34 @@ def dist_max_reduce(t: torch.Tensor) -> None:
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
 
 
+# A timing covers back-to-back calls for at least this long (nccl-tests style), so that small collectives
+# are timed as a stream, not as one call racing the barrier's stragglers.
+BATCH_TARGET_S = 0.02
+MAX_BATCH = 1000
+
+
 def interleaved_times(runs: Sequence[Tuple[Callable[[], None], Callable[[], None]]], *, warmup: int, iters: int,
                       min_iters: int, budget_s: float, max_reduce: Callable = dist_max_reduce) -> List[List[float]]:
     """Times every run (fn, barrier) repetition by repetition, the runs taking turns within each repetition
     (rotating who goes first), so that a change in machine load hits all of them alike.
 
-    Each timing is barrier(), then fn() alone; a repetition's time is the slowest rank's. The number of
-    repetitions is `iters`, cut down to fit `budget_s` (estimated from the last warm-up) but never below
-    `min_iters`; every rank agrees on it through `max_reduce`. Returns times[k] for run k, in seconds.
+    Each timing is barrier(), then fn() `batch` times back to back, divided by `batch`: one call for large
+    messages, as many as fill BATCH_TARGET_S for small ones (from the fastest warm-up call, per run). A
+    repetition's time is the slowest rank's. The number of repetitions is `iters`, cut down to fit
+    `budget_s` but never below `min_iters`; every rank agrees on the counts through `max_reduce`.
+    Returns times[k] for run k: seconds per call.
     """
-    est = torch.zeros(len(runs), dtype=torch.float64)
+    est = torch.full((len(runs),), float("inf"), dtype=torch.float64)
     for k, (fn, barrier) in enumerate(runs):
         for _ in range(max(1, warmup)):
             barrier()
             t0 = time.perf_counter()
             fn()
-            est[k] = time.perf_counter() - t0
-    max_reduce(est)
-    n = max(min_iters, min(iters, int(budget_s / max(float(est.sum()), 1e-9))))
+            est[k] = min(float(est[k]), time.perf_counter() - t0)
+    max_reduce(est)  # the slowest rank's fastest call
+    batch = [max(1, min(MAX_BATCH, int(BATCH_TARGET_S / max(float(e), 1e-9)))) for e in est]
+    per_rep = sum(float(e) * b for e, b in zip(est, batch))
+    n = max(min_iters, min(iters, int(budget_s / max(per_rep, 1e-9))))
     times = torch.zeros(n, len(runs), dtype=torch.float64)
     for i in range(n):
         for j in range(len(runs)):
@@ -66,8 +76,9 @@ def interleaved_times(runs: Sequence[Tuple[Callable[[], None], Callable[[], None
             fn, barrier = runs[k]
             barrier()
             t0 = time.perf_counter()
-            fn()
-            times[i, k] = time.perf_counter() - t0
+            for _ in range(batch[k]):
+                fn()
+            times[i, k] = (time.perf_counter() - t0) / batch[k]
     max_reduce(times)
     return [times[:, k].tolist() for k in range(len(runs))]
 
