@@ -14,7 +14,7 @@ BIN := $(abspath $(VENV))/bin
 CMAKE := $(BIN)/cmake
 CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(BIN)/ninja -DMCCL_BUILD_TESTS=ON
 
-.PHONY: demo collective-check test test-engine test-sanitize test-tsan test-python build clean fuzz
+.PHONY: demo bench bench-fleet reliability test test-engine test-sanitize test-tsan test-python build clean fuzz
 
 $(VENV)/.deps: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,9 +28,23 @@ build: $(VENV)/.deps
 demo: build
 	$(PY) examples/vit_finetune.py fit --config configs/vit_local.yaml
 
-# mccl vs Gloo allreduce on $(NPROC) local ranks: correctness against float64, then a timing table.
-collective-check: build
-	$(PY) examples/collective_check.py --nproc $(NPROC)
+# The README's performance tables: mccl vs Gloo (and mpi4py when installed) in the same run, on $(NPROC)
+# local ranks; bench-fleet on an emulated 4-host switch (Linux, root). Results under runs/bench/.
+bench: build
+	$(PY) benchmarks/allreduce.py --nproc $(NPROC)
+	$(PY) benchmarks/ddp_vit.py --nproc 2 4
+
+bench-fleet: build
+	$(PY) benchmarks/allreduce.py --hosts 4 --rate 1gbit --min 16M --max 256M --step-factor 4 \
+	  --series mccl,mccl:MCCL_WIRE_DTYPE=bf16:label=mccl-bf16:rtol=3e-2,gloo
+	$(PY) benchmarks/allreduce.py --hosts 4 --rate 10gbit --min 4K --max 256M --step-factor 4
+	$(PY) benchmarks/ddp_vit.py --hosts 4 --rate 10gbit --series mccl,mccl:MCCL_WIRE_DTYPE=bf16:label=mccl-bf16,gloo
+
+# The README's reliability figures: fault injection (kill, stop, mismatch, garbage) and the soak.
+reliability: build
+	mkdir -p runs
+	$(PY) benchmarks/faults.py --out runs/faults.json
+	$(PY) benchmarks/soak.py --out runs/soak.json
 
 test-engine: $(VENV)/.deps
 	$(CMAKE) -S . -B build/engine $(CMAKE_FLAGS) > /dev/null

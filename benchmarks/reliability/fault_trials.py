@@ -50,11 +50,16 @@ def fault_trial(*, world: int, op: str, n: int, fault: str, victim: int, delay_s
     sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}[fault]
     rec = {"kind": fault, "world": world, "op": op, "bytes": 4 * n, "victim": victim, "delay_s": round(delay_s, 3),
            "pg_timeout_s": pg_timeout_s}
+    # As in production (heartbeat timeout 30 s, process-group timeouts of minutes), the heartbeat timeout is
+    # below the process-group timeout, so a stopped rank is named by the heartbeat rather than by a
+    # collective timed out on whichever (live) neighbour a rank happened to be waiting for.
+    env = {"MCCL_HEARTBEAT_TIMEOUT": f"{0.6 * pg_timeout_s:g}"}
+    rec["heartbeat_timeout_s"] = 0.6 * pg_timeout_s
     log = tempfile.NamedTemporaryFile(prefix="mccl-fault-", suffix=".log", dir=log_dir, delete=False)
     log.close()
     max_s = STARTUP_LIMIT_S + delay_s + pg_timeout_s + SLACK_S + MARGIN_S
     with Cluster(loop_until_error, world, pg_timeout_s=pg_timeout_s, kwargs=dict(op=op, n=n, max_s=max_s),
-                 stderr_path=log.name) as c:
+                 stderr_path=log.name, env=env) as c:
         t_start = now()
         if not c.wait_until(lambda c: c.ranks_with("looping") | c.ranks_with("uncaught") >= set(range(world)),
                             t_start + STARTUP_LIMIT_S) or c.ranks_with("uncaught") or c.ranks_with("error"):

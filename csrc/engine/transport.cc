@@ -505,7 +505,8 @@ Error Transport::closed_error(const Pair& pair) const {
   return Error(Error::Kind::kConnection, "the peer closed the connection");
 }
 
-// Best effort, bounded: tells each peer why this rank is giving up, at a frame boundary only.
+// Best effort, bounded: tells each peer why this rank is giving up, on a frame boundary (a frame that is
+// half sent is finished first).
 void Transport::send_abort(const std::exception_ptr& error) {
   std::string text = "unknown error";
   uint64_t kind = static_cast<uint64_t>(Error::Kind::kInternal);
@@ -529,8 +530,16 @@ void Transport::send_abort(const std::exception_ptr& error) {
   const Deadline deadline = Clock::now() + std::chrono::milliseconds(200);
   for (auto& pair : pairs_) {
     if (!pair || pair->closed) continue;
-    if (!pair->sendq.empty() && pair->sendq.front()->progress != 0) continue;  // mid-frame: cannot interleave
     try {
+      if (!pair->sendq.empty() && pair->sendq.front()->progress != 0) {
+        // Mid-frame: finish that frame first (its buffer is still valid), so the abort lands on a boundary.
+        const Request& r = *pair->sendq.front();
+        const size_t header_left = r.progress < sizeof(FrameHeader) ? sizeof(FrameHeader) - r.progress : 0;
+        const size_t payload_done = r.progress - (sizeof(FrameHeader) - header_left);
+        pair->sock.write_all(reinterpret_cast<const char*>(&r.header) + (sizeof(FrameHeader) - header_left),
+                             header_left, deadline, peer_name(pair->rank));
+        pair->sock.write_all(r.data + payload_done, r.length - payload_done, deadline, peer_name(pair->rank));
+      }
       pair->sock.write_all(&h, sizeof(h), deadline, peer_name(pair->rank));
       pair->sock.write_all(text.data(), text.size(), deadline, peer_name(pair->rank));
     } catch (const Error&) {
@@ -555,6 +564,7 @@ Transport::Buffer Transport::take_buffer(size_t size) {
     if (it->capacity >= size) {
       Buffer found = std::move(*it);
       spare_buffers_.erase(it);
+      spare_bytes_ -= found.capacity;
       return found;
     }
   }
@@ -565,10 +575,10 @@ Transport::Buffer Transport::take_buffer(size_t size) {
 }
 
 void Transport::recycle(Buffer buffer) {
-  constexpr size_t kMaxSpare = 32;                   // at most 32 x 8 MiB kept for reuse
-  constexpr size_t kMaxSpareBytes = size_t(8) << 20;
-  if (buffer.capacity == 0 || buffer.capacity > kMaxSpareBytes) return;
-  if (spare_buffers_.size() < kMaxSpare) spare_buffers_.push_back(std::move(buffer));
+  constexpr size_t kMaxSpareBytes = size_t(8) << 20;  // kept for reuse, all spare buffers together
+  if (buffer.capacity == 0 || spare_bytes_ + buffer.capacity > kMaxSpareBytes) return;
+  spare_bytes_ += buffer.capacity;
+  spare_buffers_.push_back(std::move(buffer));
 }
 
 // The peer closed its end between two frames: normal when it is done with this communicator (it shut

@@ -145,6 +145,7 @@ class Transport {
   std::list<RequestPtr> posted_recvs_;        // in posting order
   std::list<Unexpected> unexpected_;          // complete frames nobody asked for yet, in arrival order
   std::vector<Buffer> spare_buffers_;         // recycled Unexpected buffers
+  size_t spare_bytes_ = 0;                    // their capacity, at most 8 MiB
   std::vector<struct pollfd> poll_fds_;       // progress()'s poll set, rebuilt each round
   std::vector<Pair*> poll_owners_;
   int wake_read_ = -1;
