@@ -104,17 +104,9 @@ def main(argv=None) -> int:
                         "iters": args.iters, "min_iters": args.min_iters, "warmup": args.warmup,
                         "budget_s": args.time_budget, "pg_timeout": args.pg_timeout,
                         "result": os.path.abspath(os.path.join(out, f".launch{k}.json"))}
-                spec_path = os.path.abspath(os.path.join(out, f".launch{k}.spec.json"))
-                with open(spec_path, "w") as f:
-                    json.dump(spec, f)
                 log(f"{', '.join(ops)}: {', '.join(s.label for s in group)} on {where.describe()}")
-                env = {}
-                for s in group:
-                    env.update(s.env_dict)
-                run = where.run_mpi if group[0].backend == "mpi4py" else where.run
-                run([sys.executable, os.path.abspath(__file__), "--worker", spec_path], env=env, timeout=args.timeout)
-                with open(spec["result"]) as f:
-                    rows += json.load(f)["rows"]
+                rows += where.run_worker(__file__, spec, group, timeout=args.timeout,
+                                         mpi=group[0].backend == "mpi4py")["rows"]
     except (LaunchFailed, ValueError, RuntimeError) as e:
         log(str(e))
         return 1

@@ -97,17 +97,8 @@ def main(argv=None) -> int:
                                                                    "threads", "pg_timeout")},
                             "series": [s.to_json() for s in group], "compute": not args.no_compute and k == 0,
                             "result": os.path.abspath(os.path.join(out, f".n{n}-launch{k}.json"))}
-                    spec_path = spec["result"].replace(".json", ".spec.json")
-                    with open(spec_path, "w") as f:
-                        json.dump(spec, f)
                     log(f"DDP {args.model}: {', '.join(s.label for s in group)} on {where.describe()}")
-                    genv = {}
-                    for s in group:
-                        genv.update(s.env_dict)
-                    where.run([sys.executable, os.path.abspath(__file__), "--worker", spec_path], env=genv,
-                              timeout=args.timeout)
-                    with open(spec["result"]) as f:
-                        result = json.load(f)
+                    result = where.run_worker(__file__, spec, group, timeout=args.timeout)
                     rows += result["rows"]
                     model_info = result["model"]
     except (LaunchFailed, ValueError, RuntimeError) as e:

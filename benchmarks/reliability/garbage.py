@@ -157,16 +157,23 @@ def _hold(s: socket.socket, release: threading.Event):
             break
         s.settimeout(0.0)
         try:
-            chunk = s.recv(65536)
+            chunk = _recv_or_closed(s)
         except BlockingIOError:
             continue
-        except OSError as e:
-            if e.errno not in CLOSED_ERRNOS:
-                raise
-            chunk = b""
         if not chunk:
             return "closed", f"the server closed it after {time.monotonic() - t0:.1f} s"
     return "held", f"still open when released after {time.monotonic() - t0:.1f} s"
+
+
+def _recv_or_closed(s: socket.socket) -> bytes:
+    """s.recv(), with b"" when the server closed or reset the connection; other errors (including a
+    timeout or "would block") are raised."""
+    try:
+        return s.recv(65536)
+    except OSError as e:
+        if e.errno not in CLOSED_ERRNOS or isinstance(e, (BlockingIOError, socket.timeout)):
+            raise
+        return b""
 
 
 def _watch(s: socket.socket, wait_s: float):
@@ -179,13 +186,9 @@ def _watch(s: socket.socket, wait_s: float):
             return "open", f"still open after {wait_s:g} s ({got} bytes received)"
         s.settimeout(left)
         try:
-            chunk = s.recv(65536)
+            chunk = _recv_or_closed(s)
         except (socket.timeout, TimeoutError):
             continue
-        except OSError as e:
-            if e.errno not in CLOSED_ERRNOS:
-                raise
-            chunk = b""
         if not chunk:
             return ("replied", f"{got} bytes, then closed") if got else ("closed", "")
         got += len(chunk)

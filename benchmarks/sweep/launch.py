@@ -8,6 +8,7 @@ first failing rank stops the others; every rank's output on stderr, prefixed ``[
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -68,6 +69,20 @@ class Placement:
             who = f"rank {outcome.failed.spec.rank} exited with code {outcome.failed.returncode}" \
                 if outcome.failed is not None else f"{outcome.reason}, exit code {outcome.returncode}"
             raise LaunchFailed(f"the benchmark ranks failed ({who}); their output is above")
+
+    def run_worker(self, script: str, spec: dict, group, *, timeout: float, mpi: bool = False) -> dict:
+        """Writes `spec` next to its "result" path, runs `script --worker SPEC` on every rank with the series'
+        environment (`group`), and returns the JSON the workers wrote to spec["result"]."""
+        spec_path = spec["result"].replace(".json", ".spec.json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        env = {}
+        for s in group:
+            env.update(s.env_dict)
+        command = [sys.executable, os.path.abspath(script), "--worker", spec_path]
+        (self.run_mpi if mpi else self.run)(command, env=env, timeout=timeout)
+        with open(spec["result"]) as f:
+            return json.load(f)
 
     def run_mpi(self, command: Sequence[str], *, env: Dict[str, str], timeout: float) -> None:
         """Runs `command` as every rank through `mpirun` (Open MPI), TCP only, on this placement's interface.

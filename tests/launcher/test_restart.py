@@ -111,4 +111,4 @@ def test_ctrl_c_is_not_restarted(tmp_path):
 
 def test_max_restarts_must_not_be_negative(capsys):
     assert main(["launch", "--local", "2", "--max-restarts", "-1", "--", "true"]) == 2
-    assert "argument --max-restarts: must not be negative, got -1" in capsys.readouterr().err
+    assert "argument --max-restarts: must be at least 0, got -1" in capsys.readouterr().err
