@@ -19,8 +19,10 @@ struct Config {
   std::string socket_ifname;
   // MCCL_ALGO: auto | ring | rd (recursive doubling). Forces the allreduce algorithm.
   AlgoChoice algo = AlgoChoice::kAuto;
-  // MCCL_RD_MAX_BYTES: in auto mode, allreduces up to this size use recursive doubling, larger ones the ring.
-  size_t rd_max_bytes = 64 * 1024;
+  // MCCL_RD_MAX_BYTES: in auto mode, allreduces up to this size use recursive doubling, larger ones the ring;
+  // broadcast/reduce up to it use binomial trees. 0 (default): allreduce by world size from the measured
+  // table (rd_max_bytes_for in algorithms/allreduce.cc), broadcast/reduce up to 64 KiB.
+  size_t rd_max_bytes = 0;
   // MCCL_CHUNK_BYTES: pipelining granularity of the ring (each ring step moves its segment in such pieces).
   size_t chunk_bytes = 512 * 1024;
   // MCCL_RING_LOOKAHEAD_BYTES: scratch memory the ring reduce-scatter may use to post receives for

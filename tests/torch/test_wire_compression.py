@@ -9,7 +9,7 @@ import pytest
 from harness import run_ranks
 
 WORLD = 3
-COUNT = 10_000  # above MCCL_RD_MAX_BYTES: the ring runs
+COUNT = 200_000  # 800 KB, above the recursive-doubling limit for 3 ranks (512 KiB): the ring runs
 UNIT_ROUNDOFF = {"bf16": 2.0**-8, "fp16": 2.0**-11}
 
 

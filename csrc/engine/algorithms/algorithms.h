@@ -20,6 +20,8 @@ std::vector<Segment> even_segments(char* data, size_t count, size_t element_size
 
 // --- allreduce.cc -------------------------------------------------------------------------------
 void allreduce(Collective& c, void* buf, size_t count);
+// In auto mode, the largest allreduce that runs recursive doubling (MCCL_RD_MAX_BYTES, else by world size).
+size_t rd_max_bytes_for(const Config& config, int world);
 void allreduce_ring(Collective& c, void* buf, size_t count);
 void allreduce_recursive_doubling(Collective& c, void* buf, size_t count);
 

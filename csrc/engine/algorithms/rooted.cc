@@ -15,7 +15,8 @@ struct Relative {
 };
 
 bool latency_bound(const Collective& c, size_t count) {
-  return count * dtype_size(c.dtype()) <= c.config().rd_max_bytes || count < static_cast<size_t>(c.size());
+  const size_t tree_max_bytes = c.config().rd_max_bytes != 0 ? c.config().rd_max_bytes : 64 * 1024;
+  return count * dtype_size(c.dtype()) <= tree_max_bytes || count < static_cast<size_t>(c.size());
 }
 
 }  // namespace
