@@ -35,6 +35,18 @@ TEST(mismatched_collectives_name_both_sides) {
   for (auto& e : errors) CHECK_MSG(contains(e, "allreduce") && contains(e, "broadcast"), "%s", e.c_str());
 }
 
+TEST(a_broadcast_whose_root_differs_per_rank_is_a_mismatch) {
+  // Both ranks believe they are the root, so both only send. The frame each one was sent is left unmatched:
+  // at the end of the broadcast, or at the latest of the barrier (it arrives ahead of the barrier's frames).
+  auto errors = run_world(2, [](int rank, Communicator& comm) {
+    std::vector<float> buf(8, static_cast<float>(rank));
+    comm.broadcast(buf.data(), buf.size(), DataType::kFloat32, rank)->wait();
+    comm.barrier()->wait();
+  }, std::chrono::seconds(10));
+  for (int r = 0; r < 2; ++r)
+    CHECK_MSG(contains(errors[r], "mismatch") && contains(errors[r], "broadcast"), "rank %d: '%s'", r, errors[r].c_str());
+}
+
 TEST(mismatched_dtypes_are_detected) {
   auto errors = run_world(2, [](int rank, Communicator& comm) {
     std::vector<double> buf(8, 1.0);
