@@ -65,6 +65,7 @@ void Communicator::check_rank(int rank, const char* role, const char* what) cons
 WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, int root, uint64_t count,
                               std::function<void(Collective&)> body, Callback done) {
   auto work = std::make_shared<Work>(std::move(done));
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (error_) std::rethrow_exception(error_);
@@ -80,8 +81,9 @@ WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, 
     if (dtype == DataType::kFloat32 && config_.wire_dtype != DataType::kFloat32)
       id.wire_dtype = static_cast<uint8_t>(config_.wire_dtype);
     ops_.push_back(Op{id, std::move(body), work});
+    wake = !spinning_;
   }
-  if (!spinning_.load()) transport_->wake();
+  if (wake) transport_->wake();
   cv_.notify_all();
   return work;
 }
@@ -241,6 +243,9 @@ void Communicator::run() {
       } else if (stopping_) {
         break;
       }
+      // Decided under the lock that enqueue() takes: an op queued while this says "spinning" is seen at
+      // the next round without a wake, one queued after it stops spinning gets the wake.
+      spinning_ = !have_op && config_.spin_us > 0 && Clock::now() < spin_until_;
     }
     if (have_op) {
       run_op(op);
@@ -252,13 +257,11 @@ void Communicator::run() {
       continue;
     }
     try {
-      if (config_.spin_us > 0 && Clock::now() < spin_until_) {
-        spinning_.store(true);
+      if (spinning_) {
         transport_->progress(0);
         std::this_thread::yield();
         continue;
       }
-      if (spinning_.exchange(false)) continue;  // re-check the queue: an enqueue may have skipped the wake
       transport_->progress(p2p_poll_timeout_ms());
       check_p2p_deadlines();
     } catch (...) {

@@ -10,7 +10,6 @@
 // rethrown by every later call (Gloo's rule), and the sockets are shut so the peers fail fast too.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -110,7 +109,7 @@ class Communicator {
   std::deque<Op> ops_;                               // collectives, in issue order
   std::deque<std::function<void()>> commands_;       // p2p posts, run from the progress loop
   bool stopping_ = false;
-  std::atomic<bool> spinning_{false};               // the progress thread polls without sleeping: no wake needed
+  bool spinning_ = false;                            // the progress thread polls without sleeping: no wake needed
   Deadline spin_until_{};                            // progress thread only
   bool abort_requested_ = false;
   std::exception_ptr error_;                         // mirror of the transport's fatal error, for callers

@@ -12,17 +12,17 @@ bool Work::completed() const {
 void Work::wait(uint32_t spin_us) {
   if (spin_us > 0) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
-    while (!finished_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
+    while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
       std::this_thread::yield();
   }
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return done_; });
+  cv_.wait(lock, [this] { return done_.load(); });
   if (error_) std::rethrow_exception(error_);
 }
 
 bool Work::wait_for(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [this] { return done_; })) return false;
+  if (!cv_.wait_for(lock, timeout, [this] { return done_.load(); })) return false;
   if (error_) std::rethrow_exception(error_);
   return true;
 }
@@ -44,9 +44,8 @@ void Work::finish(std::exception_ptr error, int source) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    done_ = true;
     error_ = error;
-    finished_.store(true, std::memory_order_release);
+    done_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
 }

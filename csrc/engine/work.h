@@ -34,8 +34,7 @@ class Work {
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool done_ = false;
-  std::atomic<bool> finished_{false};  // done_, readable without the mutex
+  std::atomic<bool> done_{false};  // written under mu_, also read without it (spinning waiters)
   std::exception_ptr error_;
   int source_ = -1;
   Callback callback_;
