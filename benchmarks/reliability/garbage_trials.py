@@ -121,6 +121,9 @@ def garbage_trial(*, world: int, rendezvous_connections: int, training_connectio
     rec["phases"] = phases
     rec["connections"] = sum(p["total"] for p in phases.values())
     rec["accepted"] = sum(p["accepted"] for p in phases.values())
+    # why the ranks closed each connection they logged (the handshake's reason, after the client's address)
+    rec["rejected_for"] = sorted({m.group(1)[:160] for m in re.finditer(
+        r"closed a connection from \S+?(?: \(it said it is rank \d+\))?: (.*)", log_text)})
     rec["rank_errors"] = rank_errors
     rec["crashed"] = crashed
     rec["max_init_s"] = round(max(init_s), 3) if init_s else None
@@ -161,7 +164,7 @@ def _phases(floods, log_text: str) -> dict:
 
 
 # What a listener sends before it has checked anything: its own Hello, the challenge (csrc/engine/wire.h).
-SERVER_CHALLENGE_BYTES = 56
+SERVER_CHALLENGE_BYTES = 80
 
 
 def accepted(r: dict) -> bool:

@@ -81,8 +81,8 @@ Socket connect_and_authenticate(Handshake& hs, const std::string& address, Deadl
 // Acceptor side: the listener and every connection still proving itself, in one poll() loop.
 class Acceptor {
  public:
-  Acceptor(Listener& listener, Mesh& mesh, const std::string& secret, int rank, int size)
-      : listener_(listener), mesh_(mesh), secret_(secret), rank_(rank), size_(size) {}
+  Acceptor(Listener& listener, Mesh& mesh, const std::string& secret, int rank, int size, const LaneSpec& lanes)
+      : listener_(listener), mesh_(mesh), secret_(secret), rank_(rank), size_(size), lanes_(lanes) {}
 
   void run(Deadline deadline) {
     while (missing() > 0) {
@@ -126,7 +126,7 @@ class Acceptor {
 
   int missing() const {
     int n = 0;
-    for (int peer = rank_ + 1; peer < size_; ++peer) n += mesh_.peers[peer].valid() ? 0 : 1;
+    for (int i = (rank_ + 1) * mesh_.nsocks; i < size_ * mesh_.nsocks; ++i) n += mesh_.peers[i].valid() ? 0 : 1;
     return n;
   }
 
@@ -143,7 +143,7 @@ class Acceptor {
       std::string from = format_address(sock.peer_address());
       pending_.push_back(std::unique_ptr<Incoming>(new Incoming{
           std::move(sock), from, now + kHandshakeLimit,
-          Handshake(HandshakeRole::kAcceptor, secret_, mesh_.comm_id, rank_, size_, -1, nonce)}));
+          Handshake(HandshakeRole::kAcceptor, secret_, mesh_.comm_id, rank_, size_, -1, nonce, lanes_)}));
     }
   }
 
@@ -169,10 +169,11 @@ class Acceptor {
     }
     if (p.hs.state() == Handshake::State::kFailed) return reject(p, p.hs.error());
     if (!p.hs.finished()) return;
-    const int peer = p.hs.peer_rank();
-    if (mesh_.peers[peer].valid()) return reject(p, "rank " + std::to_string(peer) + " connected twice");
-    log(LogLevel::kTrace, "rank ", rank_, " accepted rank ", peer, " from ", p.from);
-    mesh_.peers[peer] = std::move(p.sock);
+    const int peer = p.hs.peer_rank(), lane = p.hs.peer_lane();
+    Socket& slot = mesh_.peers[peer * mesh_.nsocks + lane];
+    if (slot.valid()) return reject(p, "rank " + std::to_string(peer) + " connected twice (lane " + std::to_string(lane) + ")");
+    log(LogLevel::kTrace, "rank ", rank_, " accepted rank ", peer, " lane ", lane, " from ", p.from);
+    slot = std::move(p.sock);
   }
 
   void expire(Clock::time_point now) {
@@ -201,7 +202,9 @@ class Acceptor {
   [[noreturn]] void timed_out() {
     std::string ranks;
     for (int peer = rank_ + 1; peer < size_; ++peer) {
-      if (!mesh_.peers[peer].valid()) ranks += (ranks.empty() ? "" : ", ") + std::to_string(peer);
+      bool all = true;
+      for (int lane = 0; lane < mesh_.nsocks; ++lane) all = all && mesh_.peers[peer * mesh_.nsocks + lane].valid();
+      if (!all) ranks += (ranks.empty() ? "" : ", ") + std::to_string(peer);
     }
     std::string rejected = rejected_ == 0 ? "" : " (" + std::to_string(rejected_) +
                                                      " connection(s) were rejected: see the warnings above)";
@@ -214,12 +217,18 @@ class Acceptor {
   const std::string& secret_;
   int rank_;
   int size_;
+  LaneSpec lanes_;
   std::deque<std::unique_ptr<Incoming>> pending_;
   int rejected_ = 0;
   int suppressed_ = 0;
 };
 
 }  // namespace
+
+LaneSpec lane_spec(const Config& config) {
+  return LaneSpec{0, config.nsocks, static_cast<uint32_t>(config.chunk_bytes), config.rd_max_bytes,
+                  static_cast<uint8_t>(config.algo)};
+}
 
 std::string agree_on_secret(Store& store, int rank, const Config& config) {
   const bool have_own = !config.auth_secret.empty();
@@ -254,11 +263,13 @@ std::string agree_on_secret(Store& store, int rank, const Config& config) {
 Mesh connect_mesh(Store& store, int rank, int size, const std::string& listen_host, Deadline deadline,
                   const Config& config) {
   Mesh mesh;
-  mesh.peers.resize(size);
+  mesh.nsocks = config.nsocks;
+  mesh.peers.resize(static_cast<size_t>(size) * config.nsocks);
   mesh.peer_addresses.resize(size);
   if (size == 1) return mesh;
 
-  Listener listener(listen_host, std::max(size, 128));  // room for peers and strangers arriving at once
+  // Room for peers and strangers arriving at once.
+  Listener listener(listen_host, std::max(size * config.nsocks, 128));
   mesh.listen_address = listener.address();
   if (rank == 0) {
     random_bytes(&mesh.comm_id, sizeof(mesh.comm_id));
@@ -274,18 +285,23 @@ Mesh connect_mesh(Store& store, int rank, int size, const std::string& listen_ho
                                  "rank " + std::to_string(peer) + " to publish its address");
   }
 
-  // Lower ranks: connect and authenticate. Rank 0 connects to nobody, so this never cycles.
+  // Lower ranks: connect and authenticate, each lane. Rank 0 connects to nobody, so this never cycles.
+  LaneSpec lanes = lane_spec(config);
   for (int peer = 0; peer < rank; ++peer) {
-    std::string what = "rank " + std::to_string(peer) + " at " + mesh.peer_addresses[peer];
-    uint8_t nonce[kNonceBytes];
-    random_bytes(nonce, sizeof(nonce));
-    Handshake hs(HandshakeRole::kConnector, secret, mesh.comm_id, rank, size, peer, nonce);
-    mesh.peers[peer] = connect_and_authenticate(hs, mesh.peer_addresses[peer], deadline, rank, what);
+    for (int lane = 0; lane < config.nsocks; ++lane) {
+      std::string what = "rank " + std::to_string(peer) + " at " + mesh.peer_addresses[peer];
+      uint8_t nonce[kNonceBytes];
+      random_bytes(nonce, sizeof(nonce));
+      lanes.lane = lane;
+      Handshake hs(HandshakeRole::kConnector, secret, mesh.comm_id, rank, size, peer, nonce, lanes);
+      mesh.peers[peer * config.nsocks + lane] = connect_and_authenticate(hs, mesh.peer_addresses[peer], deadline, rank, what);
+    }
   }
 
   // Higher ranks: accept until each has proved itself. Anything else that connects (a port scanner,
   // another job, a wrong secret) is logged and closed; it does not fail the rendezvous.
-  Acceptor(listener, mesh, secret, rank, size).run(deadline);
+  lanes.lane = 0;
+  Acceptor(listener, mesh, secret, rank, size, lanes).run(deadline);
   log(LogLevel::kInfo, "rank ", rank, "/", size, " connected to all peers (authenticated), listening on ",
       mesh.listen_address, " until now");
   return mesh;

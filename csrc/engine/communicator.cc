@@ -17,18 +17,35 @@ Communicator::Communicator(Store& store, int rank, int size, std::chrono::millis
   std::string host = choose_listen_host(config_.socket_ifname, route_to);
   Mesh mesh = connect_mesh(store, rank, size, host, Clock::now() + timeout, config_);
   listen_address_ = mesh.listen_address;
-  for (int peer = 0; peer < size; ++peer) {
-    if (mesh.peers[peer].valid()) mesh.peers[peer].configure_for_data(config_.socket_buffer_bytes);
+  for (Socket& sock : mesh.peers) {
+    if (sock.valid()) sock.configure_for_data(config_.socket_buffer_bytes);
   }
   transport_ = std::make_unique<Transport>(rank, size, mesh.comm_id, std::move(mesh.peers),
-                                           std::move(mesh.peer_addresses), config_.max_message_bytes);
+                                           std::move(mesh.peer_addresses), config_.max_message_bytes, mesh.nsocks,
+                                           config_.chunk_bytes);
   transport_->set_heartbeat(config_.heartbeat_interval, config_.heartbeat_timeout);
   transport_->set_spin(std::chrono::microseconds(config_.spin_us));
+  const int local_ranks = ranks_on_this_host();
+  const unsigned cpus = std::thread::hardware_concurrency();
+  const size_t send_thread_bytes = config_.send_thread_bytes_for(local_ranks, cpus);
+  transport_->set_send_thread(send_thread_bytes);
+  log(LogLevel::kInfo, "rank ", rank, ": sender thread ",
+      send_thread_bytes ? "for frames of " + std::to_string(send_thread_bytes) + " bytes or more" : std::string("off"),
+      " (", local_ranks, " ranks and ", cpus, " CPUs on this host)");
   transport_->set_on_wakeup([this] { drain_commands(); });
   thread_ = std::thread([this] {
     set_thread_name("mccl-progress");
     run();
   });
+}
+
+// Ranks whose address has this rank's host part (this one included): the ranks sharing its CPUs.
+int Communicator::ranks_on_this_host() const {
+  auto host_of = [](const std::string& address) { return address.substr(0, address.rfind(':')); };
+  const std::string mine = host_of(listen_address_);
+  int count = 0;
+  for (int r = 0; r < size_; ++r) count += r == rank_ || host_of(transport_->address_of(r)) == mine;
+  return count;
 }
 
 Communicator::~Communicator() {
@@ -312,6 +329,7 @@ void Communicator::run_op(Op& op) {
     transport_->set_context(op.identity);
     if (log_enabled(LogLevel::kTrace)) log(LogLevel::kTrace, "rank ", rank_, " starts ", describe(op.identity));
     try {
+      transport_->check_arrived_frames();
       Collective c(*transport_, config_, scratch_, &wire_buffers_, op.identity, Clock::now() + timeout_);
       op.body(c);
       transport_->check_no_stray_frames(op.identity.seq);

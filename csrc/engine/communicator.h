@@ -86,6 +86,7 @@ class Communicator {
   void check_usable() const;
   void check_reduction(DataType dtype, ReduceOp op, const char* what) const;
   void check_rank(int rank, const char* role, const char* what) const;
+  int ranks_on_this_host() const;
   void run();
   void run_op(Op& op);
   void stop(bool abort);

@@ -1,5 +1,6 @@
 #include "config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -89,6 +90,11 @@ Config Config::from_env() {
   }
   c.rd_max_bytes = env_bytes("MCCL_RD_MAX_BYTES", c.rd_max_bytes, 0);
   c.chunk_bytes = env_bytes("MCCL_CHUNK_BYTES", c.chunk_bytes, 8);
+  if (c.chunk_bytes > (size_t(1) << 30))
+    fail(Error::Kind::kInvalidArgument, "MCCL_CHUNK_BYTES=", c.chunk_bytes, " is larger than 1 GiB");
+  const uint64_t nsocks = env_bytes("MCCL_NSOCKS", static_cast<uint64_t>(c.nsocks), 1);
+  if (nsocks > 16) fail(Error::Kind::kInvalidArgument, "MCCL_NSOCKS=", nsocks, " is more than 16");
+  c.nsocks = static_cast<int>(nsocks);
   c.ring_lookahead_bytes = env_bytes("MCCL_RING_LOOKAHEAD_BYTES", c.ring_lookahead_bytes, 0);
   c.socket_buffer_bytes = env_bytes("MCCL_SOCKET_BUFFER_BYTES", c.socket_buffer_bytes, 0);
   c.max_message_bytes = env_bytes("MCCL_MAX_MESSAGE_BYTES", c.max_message_bytes, 1024);
@@ -100,6 +106,10 @@ Config Config::from_env() {
     else fail(Error::Kind::kInvalidArgument, "MCCL_WIRE_DTYPE='", wire, "' is not one of off, bf16, fp16");
   }
   c.spin_us = static_cast<uint32_t>(env_bytes("MCCL_SPIN_US", c.spin_us, 0));
+  if (const char* v = env("MCCL_SEND_THREAD_BYTES"); v && std::string(v) != "auto") {
+    c.send_thread_bytes = env_bytes("MCCL_SEND_THREAD_BYTES", c.send_thread_bytes, 0);
+    c.send_thread_auto = false;
+  }
   if (const char* v = env("MCCL_DEBUG")) {
     std::string level = v;
     if (level == "ERROR" || level == "0") c.debug_level = 0;
@@ -115,6 +125,11 @@ Config Config::from_env() {
     fail(Error::Kind::kInvalidArgument, "MCCL_HEARTBEAT_INTERVAL must be positive (to disable heartbeats set "
          "MCCL_HEARTBEAT_TIMEOUT=0)");
   return c;
+}
+
+size_t Config::send_thread_bytes_for(int local_ranks, unsigned cpus) const {
+  if (!send_thread_auto) return send_thread_bytes;
+  return cpus >= 4u * static_cast<unsigned>(std::max(local_ranks, 1)) ? send_thread_bytes : 0;
 }
 
 const Config& Config::global() {

@@ -25,6 +25,11 @@ struct Config {
   size_t rd_max_bytes = 0;
   // MCCL_CHUNK_BYTES: pipelining granularity of the ring (each ring step moves its segment in such pieces).
   size_t chunk_bytes = 512 * 1024;
+  // MCCL_NSOCKS: TCP connections ("lanes") between every two ranks, 1-16. A collective's pieces are spread
+  // over them (by step and piece), each lane with its own sender thread when there is one, so several
+  // cores copy into the kernel at once and a link that limits each flow is used by several. Must be the
+  // same on every rank (checked when connecting), as must MCCL_CHUNK_BYTES.
+  int nsocks = 1;
   // MCCL_RING_LOOKAHEAD_BYTES: scratch memory the ring reduce-scatter may use to post receives for
   // later steps early (at least a double buffer is always used).
   size_t ring_lookahead_bytes = size_t(64) << 20;
@@ -39,6 +44,14 @@ struct Config {
   // sleeps: the progress thread waiting for a peer's frame or for the next collective, and a caller
   // waiting on a collective. Saves thread wake-ups on every small collective; 0: always sleep.
   uint32_t spin_us = 50;
+  // MCCL_SEND_THREAD_BYTES: frames with at least this many payload bytes are written by a sender thread
+  // per communicator, so sending overlaps receiving and reducing on the progress thread; 0: one thread
+  // does all socket I/O. Unset (or "auto"): 512 KiB when this host has at least 4 CPUs per rank on it
+  // (send_thread_auto), else 0: with fewer, the extra thread competes with the ranks for cores.
+  size_t send_thread_bytes = 512 * 1024;
+  bool send_thread_auto = true;
+  // The setting for a rank that shares its host with `local_ranks` ranks (counting itself) and `cpus`.
+  size_t send_thread_bytes_for(int local_ranks, unsigned cpus) const;
   // MCCL_DEBUG: 0 = errors only, 1 = warnings (default), 2 = info (connections), 3 = trace (every collective).
   int debug_level = 1;
   // MCCL_AUTH_SECRET, or the contents of the file MCCL_AUTH_SECRET_FILE (trailing whitespace removed):

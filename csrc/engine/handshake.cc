@@ -8,8 +8,17 @@
 namespace mccl {
 namespace {
 
-const char kConnectorLabel[] = "mccl handshake v2: connector proof";
-const char kAcceptorLabel[] = "mccl handshake v2: acceptor proof";
+const char kConnectorLabel[] = "mccl handshake v3: connector proof";
+const char kAcceptorLabel[] = "mccl handshake v3: acceptor proof";
+
+const char* algo_name(uint8_t algo) {
+  switch (algo) {
+    case 0: return "auto";
+    case 1: return "ring";
+    case 2: return "rd";
+  }
+  return "unknown";
+}
 
 const char* role_name(uint16_t role) {
   if (role == static_cast<uint16_t>(HandshakeRole::kConnector)) return "connector";
@@ -20,9 +29,14 @@ const char* role_name(uint16_t role) {
 }  // namespace
 
 Handshake::Handshake(HandshakeRole role, const std::string& secret, uint64_t comm_id, int rank, int world_size,
-                     int peer, const uint8_t* nonce)
+                     int peer, const uint8_t* nonce, const LaneSpec& lanes)
     : role_(role), secret_(secret), comm_id_(comm_id), rank_(rank), world_size_(world_size), expected_peer_(peer) {
   mine_.role = static_cast<uint16_t>(role);
+  mine_.lane = static_cast<uint16_t>(lanes.lane);
+  mine_.nsocks = static_cast<uint16_t>(lanes.nsocks);
+  mine_.chunk_bytes = lanes.chunk_bytes;
+  mine_.rd_max_bytes = lanes.rd_max_bytes;
+  mine_.algo = lanes.algo;
   mine_.comm_id = comm_id;
   mine_.rank = static_cast<uint32_t>(rank);
   mine_.world_size = static_cast<uint32_t>(world_size);
@@ -116,6 +130,21 @@ void Handshake::on_hello() {
                 std::to_string(world_size_));
   if (theirs_.rank >= static_cast<uint32_t>(world_size_))
     return fail("its rank " + std::to_string(theirs_.rank) + " is out of range");
+  if (theirs_.nsocks != mine_.nsocks)
+    return fail("it has MCCL_NSOCKS=" + std::to_string(theirs_.nsocks) + ", this rank " + std::to_string(mine_.nsocks) +
+                ": set the same value on every host");
+  if (theirs_.chunk_bytes != mine_.chunk_bytes)
+    return fail("it has MCCL_CHUNK_BYTES=" + std::to_string(theirs_.chunk_bytes) + ", this rank " +
+                std::to_string(mine_.chunk_bytes) + ": set the same value on every host");
+  if (theirs_.rd_max_bytes != mine_.rd_max_bytes)
+    return fail("it has MCCL_RD_MAX_BYTES=" + std::to_string(theirs_.rd_max_bytes) + ", this rank " +
+                std::to_string(mine_.rd_max_bytes) + ": set the same value on every host");
+  if (theirs_.algo != mine_.algo)
+    return fail(std::string("it has MCCL_ALGO=") + algo_name(theirs_.algo) + ", this rank " + algo_name(mine_.algo) +
+                ": set the same value on every host");
+  if (theirs_.lane >= theirs_.nsocks) return fail("its lane " + std::to_string(theirs_.lane) + " is out of range");
+  if (role_ == HandshakeRole::kConnector && theirs_.lane != mine_.lane)
+    return fail("it answered for lane " + std::to_string(theirs_.lane) + ", not " + std::to_string(mine_.lane));
   const int peer = static_cast<int>(theirs_.rank);
   if (role_ == HandshakeRole::kConnector && peer != expected_peer_)
     return fail("it says it is rank " + std::to_string(peer));
@@ -124,6 +153,7 @@ void Handshake::on_hello() {
   peer_rank_ = peer;
   step_ = Step::kPeerProof;
   if (role_ == HandshakeRole::kAcceptor) {
+    mine_.lane = theirs_.lane;     // the acceptor answers for the lane it was dialled on
     queue(&mine_, sizeof(mine_));  // our challenge; we prove nothing before the connector has
   } else {
     Proof proof = make_proof(HandshakeRole::kConnector);

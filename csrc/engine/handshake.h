@@ -27,6 +27,15 @@
 
 namespace mccl {
 
+// Which connection between two ranks this is, and the settings both ends must share (see Hello).
+struct LaneSpec {
+  int lane = 0;   // a connector's lane; an acceptor learns it from the Hello (peer_lane())
+  int nsocks = 1;
+  uint32_t chunk_bytes = 0;
+  uint64_t rd_max_bytes = 0;
+  uint8_t algo = 0;
+};
+
 class Handshake {
  public:
   enum class State { kRunning, kDone, kFailed };
@@ -34,7 +43,7 @@ class Handshake {
   // `peer`: the rank a connector dials; an acceptor takes any rank above its own (checked) and
   // learns it from the Hello. `nonce`: kNonceBytes fresh random bytes (tests and the fuzzer pass fixed ones).
   Handshake(HandshakeRole role, const std::string& secret, uint64_t comm_id, int rank, int world_size, int peer,
-            const uint8_t* nonce);
+            const uint8_t* nonce, const LaneSpec& lanes = LaneSpec());
 
   // Bytes to send now. The caller sends them (all or some) and reports how many with sent().
   const uint8_t* output() const { return out_ + out_sent_; }
@@ -53,6 +62,8 @@ class Handshake {
   const std::string& error() const { return error_; }
   // The other end's rank once its Hello was accepted, else -1.
   int peer_rank() const { return peer_rank_; }
+  // The lane the peer's Hello named (acceptors: which of its nsocks connections this is).
+  int peer_lane() const { return theirs_.lane; }
   // True once the peer sent a Hello that parsed as this job's (its proof may still fail).
   bool peer_introduced() const { return peer_rank_ >= 0; }
 

@@ -181,7 +181,20 @@ void Socket::read_all(void* data, size_t size, Deadline deadline, const std::str
   }
 }
 
-size_t Socket::send_some(const struct iovec* iov, int iovcnt) {
+void make_wake_pipe(int* read_end, int* write_end) {
+  int fds[2];
+  if (::pipe(fds) != 0) fail(Error::Kind::kInternal, "pipe() failed: ", std::strerror(errno));
+  for (int fd : fds) {
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK);
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  *read_end = fds[0];
+  *write_end = fds[1];
+}
+
+size_t Socket::send_some(const struct iovec* iov, int iovcnt) { return send_some_on(fd_, iov, iovcnt); }
+
+size_t Socket::send_some_on(int fd, const struct iovec* iov, int iovcnt) {
   msghdr msg{};
   msg.msg_iov = const_cast<struct iovec*>(iov);
   msg.msg_iovlen = iovcnt;
@@ -191,7 +204,7 @@ size_t Socket::send_some(const struct iovec* iov, int iovcnt) {
   const int flags = 0;
 #endif
   while (true) {
-    ssize_t n = ::sendmsg(fd_, &msg, flags);
+    ssize_t n = ::sendmsg(fd, &msg, flags);
     if (n >= 0) return static_cast<size_t>(n);
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;

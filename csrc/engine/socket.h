@@ -24,6 +24,9 @@ std::string format_address(const sockaddr_storage& addr);
 // Parses "host:port" or "[v6]:port" (numeric hosts only). Throws kInvalidArgument.
 sockaddr_storage parse_address(const std::string& text);
 
+// A non-blocking, close-on-exec pipe: how a thread blocked in poll() is woken (a byte written to write_end).
+void make_wake_pipe(int* read_end, int* write_end);
+
 class Socket {
  public:
   Socket() = default;
@@ -63,6 +66,7 @@ class Socket {
   // One non-blocking attempt. Returns bytes moved (>0), 0 when the call would block.
   // recv_some throws kConnection when the peer closed; both throw kConnection on socket errors.
   size_t send_some(const struct iovec* iov, int iovcnt);
+  static size_t send_some_on(int fd, const struct iovec* iov, int iovcnt);  // for the sender thread
   size_t recv_some(void* data, size_t size);
   size_t recv_some(const struct iovec* iov, int iovcnt);  // scatter: fills iov[0] first
 

@@ -18,7 +18,9 @@ namespace mccl {
 struct Transport::Pair {
   Socket sock;
   int rank = 0;
+  int lane = 0;
   std::deque<RequestPtr> sendq;
+  size_t offloaded = 0;  // the first `offloaded` frames of sendq are the sender thread's to write
   // Receive state machine: header bytes, then payload into `target` or into `stash`.
   FrameHeader header;
   size_t header_got = 0;
@@ -38,31 +40,23 @@ namespace {
 constexpr int kMaxIov = 16;
 constexpr size_t kStashFirstBytes = size_t(64) << 20;
 
-void make_pipe(int* read_end, int* write_end) {
-  int fds[2];
-  if (::pipe(fds) != 0) fail(Error::Kind::kInternal, "pipe() failed: ", std::strerror(errno));
-  for (int fd : fds) {
-    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL, 0) | O_NONBLOCK);
-    fcntl(fd, F_SETFD, FD_CLOEXEC);
-  }
-  *read_end = fds[0];
-  *write_end = fds[1];
-}
 }  // namespace
 
 Transport::Transport(int rank, int size, uint64_t comm_id, std::vector<Socket> peers,
-                     std::vector<std::string> addresses, uint64_t max_message_bytes)
+                     std::vector<std::string> addresses, uint64_t max_message_bytes, int nsocks, size_t stripe_bytes)
     : rank_(rank), size_(size), comm_id_(comm_id), max_message_bytes_(max_message_bytes),
-      addresses_(std::move(addresses)) {
-  make_pipe(&wake_read_, &wake_write_);
+      addresses_(std::move(addresses)), nsocks_(std::max(nsocks, 1)), stripe_bytes_(std::max<size_t>(stripe_bytes, 1)) {
+  make_wake_pipe(&wake_read_, &wake_write_);
   round_start_ = Clock::now();
   next_liveness_check_ = round_start_;
-  pairs_.resize(size);
-  for (int r = 0; r < size; ++r) {
-    if (r == rank || !peers[r].valid()) continue;
+  pairs_.resize(static_cast<size_t>(size) * nsocks_);
+  for (size_t i = 0; i < pairs_.size(); ++i) {
+    const int r = static_cast<int>(i) / nsocks_;
+    if (r == rank || i >= peers.size() || !peers[i].valid()) continue;
     auto pair = std::make_unique<Pair>();
-    pair->sock = std::move(peers[r]);
+    pair->sock = std::move(peers[i]);
     pair->rank = r;
+    pair->lane = static_cast<int>(i) % nsocks_;
     pair->last_heard = pair->last_sent = round_start_;
     pair->heartbeat = std::make_shared<Request>();
     pair->heartbeat->peer = r;
@@ -71,7 +65,7 @@ Transport::Transport(int rank, int size, uint64_t comm_id, std::vector<Socket> p
     h.kind = static_cast<uint8_t>(ControlKind::kHeartbeat);
     h.comm_id = comm_id_;
     h.src_rank = static_cast<uint32_t>(rank_);
-    pairs_[r] = std::move(pair);
+    pairs_[i] = std::move(pair);
   }
 }
 
@@ -127,6 +121,7 @@ void Transport::check_liveness() {
 }
 
 Transport::~Transport() {
+  stop_sender();
   drain_before_close();
   ::close(wake_read_);
   ::close(wake_write_);
@@ -186,10 +181,12 @@ RequestPtr Transport::post_send(int peer, const FrameHeader& header, const void*
   request->data = static_cast<char*>(const_cast<void*>(data));
   request->length = length;
   request->on_done = std::move(on_done);
-  Pair& pair = *pairs_[peer];
+  request->lane = lane_of(header);
+  Pair& pair = pair_for(peer, request->lane);
   if (pair.closed) fail_pair(pair, closed_error(pair));
   pair.sendq.push_back(request);
-  if (pair.sendq.size() == 1) {  // nothing queued ahead of it: try to put it on the wire right away
+  // Nothing queued ahead of it: try to put it on the wire right away. Behind the sender's frames: its turn.
+  if (pair.sendq.size() == 1 || pair.offloaded > 0) {
     try {
       write_ready(pair);
     } catch (const Error& e) {
@@ -212,8 +209,9 @@ RequestPtr Transport::post_recv(int peer, const FrameHeader& expected, void* dat
   request->data = static_cast<char*>(data);
   request->length = length;
   request->on_done = std::move(on_done);
+  request->lane = peer == kAnySource ? 0 : lane_of(expected);
   for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
-    if (!matches(*request, it->source, it->header)) continue;
+    if (!matches(*request, it->source, it->lane, it->header)) continue;
     validate_match(*request, it->header, it->source);
     if (length > 0) std::memcpy(request->data, it->buffer.data(), length);
     request->source = it->source;
@@ -222,7 +220,10 @@ RequestPtr Transport::post_recv(int peer, const FrameHeader& expected, void* dat
     complete(request);
     return request;
   }
-  if (peer != kAnySource && pairs_[peer]->closed) fail_pair(*pairs_[peer], closed_error(*pairs_[peer]));
+  if (peer != kAnySource && pair_for(peer, request->lane).closed) {
+    Pair& pair = pair_for(peer, request->lane);
+    fail_pair(pair, closed_error(pair));
+  }
   posted_recvs_.push_back(request);
   return request;
 }
@@ -241,8 +242,48 @@ void Transport::check_no_stray_frames(uint64_t seq) {
   }
 }
 
-bool Transport::matches(const Request& r, int source, const FrameHeader& h) const {
-  return (r.peer == kAnySource || r.peer == source) && r.header.channel == h.channel && r.header.seq == h.seq;
+bool Transport::matches(const Request& r, int source, int lane, const FrameHeader& h) const {
+  return (r.peer == kAnySource || r.peer == source) && r.lane == lane && r.header.channel == h.channel &&
+         r.header.seq == h.seq;
+}
+
+// Consecutive pieces of a ring step (offsets a piece apart) and consecutive steps go to different lanes.
+// Both ends compute this from the header alone; MCCL_CHUNK_BYTES is the same everywhere (checked when
+// connecting). Everything but collective frames uses lane 0, so any-source receives see one lane.
+int Transport::lane_of(const FrameHeader& h) const {
+  if (nsocks_ == 1 || h.channel != static_cast<uint8_t>(Channel::kCollective)) return 0;
+  return static_cast<int>((h.step + h.offset / stripe_bytes_) % static_cast<uint64_t>(nsocks_));
+}
+
+// With one lane, a frame of a mismatched collective meets the receive posted in its place, and
+// validate_match() names the difference. With several, it may travel on a lane where this rank never
+// posts a receive, and would sit there until the timeout. So every collective frame's identity (kind,
+// dtype, element count, op, root, wire type) is compared with the collective running here when it
+// arrives, or when that collective starts (check_arrived_frames), whichever is later.
+void Transport::check_identity(const FrameHeader& h, int source) {
+  if (nsocks_ == 1 || !busy_ || h.channel != static_cast<uint8_t>(Channel::kCollective) ||
+      context_.channel != h.channel || h.seq != context_.seq)
+    return;
+  FrameHeader expected = context_;
+  expected.src_rank = static_cast<uint32_t>(source);
+  expected.offset = h.offset;
+  expected.length = h.length;
+  expected.step = h.step;
+  if (h.kind == static_cast<uint8_t>(CollectiveKind::kAlltoall) && context_.kind == h.kind)
+    expected.count = h.count;  // its frames carry per-peer counts (validated when matched)
+  std::string problem = compare_headers(expected, h, rank_);
+  if (problem.empty()) return;
+  Error error(Error::Kind::kMismatch, "MCCL collective mismatch: " + problem);
+  fail(std::make_exception_ptr(error));
+  throw error;
+}
+
+void Transport::check_arrived_frames() {
+  if (nsocks_ == 1) return;
+  for (const auto& u : unexpected_) check_identity(u.header, u.source);
+  for (const auto& pair : pairs_) {
+    if (pair && pair->in_payload && !pair->target) check_identity(pair->stash.header, pair->rank);
+  }
 }
 
 void Transport::validate_match(const Request& r, const FrameHeader& h, int source) {
@@ -320,7 +361,7 @@ void Transport::progress(int timeout_ms) {
   for (auto& pair : pairs_) {
     if (!pair || pair->closed) continue;
     short events = POLLIN;
-    if (!pair->sendq.empty()) events |= POLLOUT;
+    if (pair->sendq.size() > pair->offloaded) events |= POLLOUT;
     fds.push_back({pair->sock.fd(), events, 0});
     owners.push_back(pair.get());
   }
@@ -330,6 +371,7 @@ void Transport::progress(int timeout_ms) {
     if (errno != EINTR) mccl::fail(Error::Kind::kInternal, "poll failed: ", std::strerror(errno));
     ready = 0;
   }
+  if (sender_news()) retire_sent();
   if (ready == 0) {
     check_liveness();
     return;
@@ -353,13 +395,18 @@ void Transport::progress(int timeout_ms) {
 }
 
 // Writes as much of the send queue as the socket takes: header and payload of up to kMaxIov/2
-// queued frames go out in one sendmsg().
+// queued frames go out in one sendmsg(). With a sender thread, a large frame at the front goes to it,
+// with everything queued behind it; small frames ahead of it are written here first.
 void Transport::write_ready(Pair& pair) {
+  if (pair.offloaded > 0) return hand_over(pair);
   while (!pair.sendq.empty()) {
+    const Request& front = *pair.sendq.front();
+    if (!senders_.empty() && front.length >= send_thread_bytes_) return hand_over(pair);
     iovec iov[kMaxIov];
     int count = 0;
     for (auto it = pair.sendq.begin(); it != pair.sendq.end() && count + 2 <= kMaxIov; ++it) {
       Request& r = **it;
+      if (!senders_.empty() && r.length >= send_thread_bytes_ && it != pair.sendq.begin()) break;
       size_t offset = r.progress;
       if (offset < sizeof(FrameHeader)) {
         iov[count++] = {reinterpret_cast<char*>(&r.header) + offset, sizeof(FrameHeader) - offset};
@@ -384,6 +431,74 @@ void Transport::write_ready(Pair& pair) {
       }
     }
   }
+}
+
+void Transport::set_send_thread(size_t min_bytes) {
+  send_thread_bytes_ = min_bytes;
+  if (min_bytes == 0 || size_ == 1 || !senders_.empty()) return;
+  for (int lane = 0; lane < nsocks_; ++lane) senders_.push_back(std::make_unique<Sender>(size_, [this] { wake(); }, spin_));
+}
+
+// Gives the pair's sender every frame of its queue it does not hold yet.
+void Transport::hand_over(Pair& pair) {
+  Sender& sender = *senders_[pair.lane];
+  for (size_t i = pair.offloaded; i < pair.sendq.size(); ++i) sender.submit(pair.rank, pair.sock.fd(), pair.sendq[i]);
+  pair.offloaded = pair.sendq.size();
+}
+
+bool Transport::sender_news() const {
+  for (const auto& sender : senders_) {
+    if (sender->has_news()) return true;
+  }
+  return false;
+}
+
+// The senders finished frames (they complete here, on the progress thread) or hit a socket error.
+void Transport::retire_sent() {
+  for (int lane = 0; lane < static_cast<int>(senders_.size()); ++lane) {
+    if (!senders_[lane]->has_news()) continue;
+    sent_reports_.clear();
+    senders_[lane]->collect(&sent_reports_);
+    for (int rank = 0; rank < static_cast<int>(sent_reports_.size()); ++rank) {
+      const Sender::Report& report = sent_reports_[rank];
+      if (report.finished == 0 && report.error.empty()) continue;
+      Pair& pair = pair_for(rank, lane);
+      if (report.finished > 0) pair.last_sent = round_start_;
+      for (size_t k = 0; k < report.finished; ++k) {
+        RequestPtr finished = std::move(pair.sendq.front());
+        pair.sendq.pop_front();
+        --pair.offloaded;
+        finished->progress = sizeof(FrameHeader) + finished->length;
+        complete(finished);
+      }
+      if (!report.error.empty()) fail_pair(pair, Error(Error::Kind::kConnection, report.error));
+    }
+  }
+}
+
+// Before the transport writes to a socket itself again (an abort frame) or frees what a sender may
+// still be reading: the senders stop, the frames they finished complete, and the first unfinished
+// frame of each pair records how much of it went out, so send_abort() can finish it.
+void Transport::stop_sender() {
+  std::vector<size_t> head_progress;
+  for (int lane = 0; lane < static_cast<int>(senders_.size()); ++lane) {
+    senders_[lane]->stop(&head_progress);
+    sent_reports_.clear();
+    senders_[lane]->collect(&sent_reports_);
+    for (int rank = 0; rank < size_; ++rank) {
+      if (!pairs_[static_cast<size_t>(rank) * nsocks_ + lane]) continue;
+      Pair& pair = pair_for(rank, lane);
+      for (size_t k = 0; k < sent_reports_[rank].finished; ++k) {
+        RequestPtr finished = std::move(pair.sendq.front());
+        pair.sendq.pop_front();
+        finished->progress = sizeof(FrameHeader) + finished->length;
+        complete(finished);
+      }
+      if (pair.offloaded > 0 && !pair.sendq.empty()) pair.sendq.front()->progress = head_progress[rank];
+      pair.offloaded = 0;
+    }
+  }
+  senders_.clear();
 }
 
 // A read that returns less than it asked for means the socket is drained: back to poll() rather than
@@ -447,9 +562,10 @@ void Transport::on_header(Pair& pair) {
   if (h.channel == static_cast<uint8_t>(Channel::kControl) && h.kind == static_cast<uint8_t>(ControlKind::kHeartbeat))
     return;
 
+  check_identity(h, pair.rank);
   pair.target = nullptr;
   for (auto it = posted_recvs_.begin(); it != posted_recvs_.end(); ++it) {
-    if (!matches(**it, pair.rank, h)) continue;
+    if (!matches(**it, pair.rank, pair.lane, h)) continue;
     validate_match(**it, h, pair.rank);
     pair.target = *it;
     pair.target->source = pair.rank;
@@ -459,6 +575,7 @@ void Transport::on_header(Pair& pair) {
   pair.payload_got = 0;
   if (!pair.target) {
     pair.stash.source = pair.rank;
+    pair.stash.lane = pair.lane;
     pair.stash.header = h;
     pair.stash.buffer = take_buffer(std::min<uint64_t>(h.length, kStashFirstBytes));
   }
@@ -584,10 +701,12 @@ void Transport::recycle(Buffer buffer) {
 // The peer closed its end between two frames: normal when it is done with this communicator (it shut
 // down or exited after its last collective). An error only if we still need it: a receive posted from
 // it, or frames still queued for it; later posts involving it fail in post_send / post_recv.
+// Frames the sender thread holds do not count: it may have written them (the peer read them and
+// left) without having reported it yet; if not, its write fails and it reports that.
 void Transport::on_peer_closed(Pair& pair, const Error& cause) {
   pair.closed = true;
-  bool needed = !pair.sendq.empty();
-  for (const auto& r : posted_recvs_) needed = needed || r->peer == pair.rank;
+  bool needed = pair.sendq.size() > pair.offloaded;
+  for (const auto& r : posted_recvs_) needed = needed || (r->peer == pair.rank && r->lane == pair.lane);
   if (needed) fail_pair(pair, pair.closed_cause ? *pair.closed_cause : cause);
   log(LogLevel::kInfo, "rank ", rank_, ": ", peer_name(pair.rank), " closed its connection");
 }
@@ -598,7 +717,7 @@ void Transport::finish_unexpected(Pair& pair) {
   Unexpected& u = pair.stash;
   if (u.header.channel == static_cast<uint8_t>(Channel::kControl)) return on_control(pair);
   for (auto it = posted_recvs_.begin(); it != posted_recvs_.end(); ++it) {
-    if (!matches(**it, u.source, u.header)) continue;
+    if (!matches(**it, u.source, u.lane, u.header)) continue;
     RequestPtr request = *it;
     validate_match(*request, u.header, u.source);
     posted_recvs_.erase(it);
@@ -629,6 +748,7 @@ void Transport::fail_pair(const Pair& pair, const Error& cause) {
 void Transport::fail(std::exception_ptr error, bool notify_peers) {
   if (fatal_) return;
   fatal_ = error;
+  stop_sender();
   if (notify_peers) send_abort(error);
   for (auto& pair : pairs_) {
     if (pair) pair->sock.shutdown_write();  // the peers read our abort, then end of stream

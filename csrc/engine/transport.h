@@ -1,8 +1,12 @@
-// The transport: one connected socket ("pair") per peer, driven by poll() from a single thread.
+// The transport: MCCL_NSOCKS connected sockets ("pairs", one per lane) per peer, driven by poll() from a
+// single thread, plus one sender thread per lane for large frames (sender.h).
 //
 // Algorithms post sends and receives and wait for them; this class moves the bytes and matches each
 // incoming frame to the receive posted for it, keyed by (source, channel, seq) in posting order (FIFO
-// per peer, like MPI). A frame that arrives before its receive is posted is kept as "unexpected" and
+// per peer and lane, like MPI). A collective's frame travels on lane lane_of(header), a function of its
+// step and offset that both ends compute, so the pieces of a ring step alternate between the lanes and
+// each lane stays FIFO; point-to-point and control frames use lane 0. A frame that arrives before its
+// receive is posted is kept as "unexpected" and
 // copied out when the receive is posted. The expected header of each receive is compared with the
 // received one before any payload is read, so a mismatched collective becomes an error naming both.
 //
@@ -28,6 +32,7 @@
 #include <vector>
 
 #include "error.h"
+#include "sender.h"
 #include "socket.h"
 #include "wire.h"
 
@@ -44,6 +49,7 @@ struct Request {
   size_t progress = 0;     // send: bytes of header+payload written
   bool done = false;
   int source = -1;         // receive: the rank it matched
+  int lane = 0;            // the connection it travels on (Transport::lane_of)
   // Called once on the progress thread when the request completes (nullptr) or fails.
   std::function<void(const Request&, std::exception_ptr)> on_done;
 };
@@ -51,8 +57,10 @@ using RequestPtr = std::shared_ptr<Request>;
 
 class Transport {
  public:
+  // peers: nsocks sockets per rank, indexed rank * nsocks + lane (Mesh::peers). stripe_bytes: the unit of
+  // lane_of() (MCCL_CHUNK_BYTES, the ring's piece size).
   Transport(int rank, int size, uint64_t comm_id, std::vector<Socket> peers, std::vector<std::string> addresses,
-            uint64_t max_message_bytes);
+            uint64_t max_message_bytes, int nsocks = 1, size_t stripe_bytes = 1);
   ~Transport();
   Transport(const Transport&) = delete;
   Transport& operator=(const Transport&) = delete;
@@ -84,11 +92,17 @@ class Transport {
   void set_heartbeat(std::chrono::milliseconds interval, std::chrono::milliseconds timeout);
   // MCCL_SPIN_US: how long wait() polls without sleeping before it blocks in poll().
   void set_spin(std::chrono::microseconds spin) { spin_ = spin; }
+  // MCCL_SEND_THREAD_BYTES: frames with at least this many payload bytes (and any frame queued behind
+  // one) are written by a sender thread (sender.h) while this thread receives and reduces; 0: none.
+  void set_send_thread(size_t min_bytes);
 
   // What is running now, for error messages ("allreduce #12 of 1024 float32 (sum)"); described only
   // when a message needs it, so the data path builds no strings. set_idle(): nothing is running.
   void set_context(const FrameHeader& op) { context_ = op, busy_ = true; }
   void set_idle() { busy_ = false; }
+  // With several lanes, right after set_context(): frames of this collective that arrived before it
+  // started are checked against it (check_identity). Throws kMismatch.
+  void check_arrived_frames();
 
   // Makes `error` the fatal error (the first one wins), fails everything pending, shuts the sockets.
   // With notify_peers, first tells each peer the cause (an abort frame); a clean shutdown does not.
@@ -111,6 +125,7 @@ class Transport {
   };
   struct Unexpected {
     int source = -1;
+    int lane = 0;
     FrameHeader header;
     Buffer buffer;
   };
@@ -118,6 +133,8 @@ class Transport {
   void recycle(Buffer buffer);
   void grow_stash(Pair& pair);
 
+  Pair& pair_for(int rank, int lane) { return *pairs_[static_cast<size_t>(rank) * nsocks_ + lane]; }
+  int lane_of(const FrameHeader& h) const;
   void read_ready(Pair& pair);
   void write_ready(Pair& pair);
   void on_header(Pair& pair);
@@ -129,19 +146,26 @@ class Transport {
   void drain_before_close();
   void finish_unexpected(Pair& pair);
   void complete(const RequestPtr& request);
-  bool matches(const Request& r, int source, const FrameHeader& h) const;
+  bool matches(const Request& r, int source, int lane, const FrameHeader& h) const;
   void validate_match(const Request& r, const FrameHeader& h, int source);
+  void check_identity(const FrameHeader& h, int source);
   [[noreturn]] void fail_pair(const Pair& pair, const Error& cause);
   [[noreturn]] void timeout(const std::vector<RequestPtr>& pending);
   void check_liveness();
   int clamp_to_heartbeat(int timeout_ms) const;
+  void hand_over(Pair& pair);
+  bool sender_news() const;
+  void retire_sent();
+  void stop_sender();
 
   int rank_;
   int size_;
   uint64_t comm_id_;
   uint64_t max_message_bytes_;
   std::vector<std::string> addresses_;
-  std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by rank; nullptr for self
+  int nsocks_;
+  size_t stripe_bytes_;
+  std::vector<std::unique_ptr<Pair>> pairs_;  // indexed by rank * nsocks_ + lane; nullptr for self
   std::list<RequestPtr> posted_recvs_;        // in posting order
   std::list<Unexpected> unexpected_;          // complete frames nobody asked for yet, in arrival order
   std::vector<Buffer> spare_buffers_;         // recycled Unexpected buffers
@@ -158,6 +182,9 @@ class Transport {
   Clock::time_point round_start_;
   Clock::time_point next_liveness_check_;
   std::chrono::microseconds spin_{0};
+  std::vector<std::unique_ptr<Sender>> senders_;  // one per lane; empty unless set_send_thread() turned them on
+  size_t send_thread_bytes_ = 0;
+  std::vector<Sender::Report> sent_reports_;  // reused by retire_sent()
   std::string context() const { return busy_ ? describe(context_) : "idle"; }
   FrameHeader context_;
   bool busy_ = false;

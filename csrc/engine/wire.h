@@ -18,7 +18,10 @@ namespace mccl {
 
 constexpr uint32_t kMagic = 0x4C43434D;  // "MCCL" in memory on little-endian hosts
 // 1: Hello without authentication. 2: nonce in the Hello, Proof messages, heartbeat control frames.
-constexpr uint16_t kProtocolVersion = 2;
+// 3: several connections per peer (MCCL_NSOCKS): the Hello names its lane and carries the settings that
+// decide which frames travel where (MCCL_NSOCKS, MCCL_CHUNK_BYTES, MCCL_ALGO, MCCL_RD_MAX_BYTES), so
+// ranks that differ fail when they connect instead of waiting on a lane for a frame that never comes.
+constexpr uint16_t kProtocolVersion = 3;
 
 enum class Channel : uint8_t {
   kCollective = 1,  // seq = the communicator's collective sequence number
@@ -84,8 +87,14 @@ struct Hello {
   uint32_t rank = 0;
   uint32_t world_size = 0;
   uint8_t nonce[kNonceBytes] = {};  // fresh random bytes: the challenge the other end must sign
+  uint16_t lane = 0;         // which of the nsocks connections between the two ranks this is
+  uint16_t nsocks = 1;       // MCCL_NSOCKS
+  uint32_t chunk_bytes = 0;  // MCCL_CHUNK_BYTES
+  uint64_t rd_max_bytes = 0;  // MCCL_RD_MAX_BYTES
+  uint8_t algo = 0;           // MCCL_ALGO (AlgoChoice)
+  uint8_t reserved[7] = {};
 };
-static_assert(sizeof(Hello) == 56, "Hello must stay 56 bytes");
+static_assert(sizeof(Hello) == 80, "Hello must stay 80 bytes");
 constexpr size_t kPreambleBytes = 8;  // magic + version + 2 bytes
 
 // The answer to the other end's challenge: HMAC-SHA256(secret, role label || both Hellos).

@@ -198,22 +198,53 @@ TEST(handshake_rejects_a_forged_acceptor_proof) {
 
 TEST(handshake_names_both_protocol_versions) {
   const std::string secret = "0123456789abcdef-the-job-secret";
-  // A version-1 peer connects: its 24-byte Hello starts with the same 8-byte preamble.
-  Hello old;
-  old.version = 1;
-  Handshake acceptor(HandshakeRole::kAcceptor, secret, 42, 0, 2, -1, kNonceA);
-  acceptor.feed(reinterpret_cast<const uint8_t*>(&old), 24);
-  CHECK(acceptor.state() == Handshake::State::kFailed);
-  CHECK_MSG(contains(acceptor.error(), "version 1") && contains(acceptor.error(), "speaks 2"), "%s",
-            acceptor.error().c_str());
-  CHECK(acceptor.output_size() == sizeof(Hello));  // it answers with its own Hello, so the peer can say so too
-  // A connector that meets a version-3 acceptor says the same.
+  const std::string ours = "speaks " + std::to_string(kProtocolVersion);
+  // Older peers connect (version 1: a 24-byte Hello; version 2: 56 bytes): the 8-byte preamble is the same.
+  for (uint16_t version : {1, 2}) {
+    Hello old;
+    old.version = version;
+    Handshake acceptor(HandshakeRole::kAcceptor, secret, 42, 0, 2, -1, kNonceA);
+    acceptor.feed(reinterpret_cast<const uint8_t*>(&old), version == 1 ? 24 : 56);
+    CHECK(acceptor.state() == Handshake::State::kFailed);
+    CHECK_MSG(contains(acceptor.error(), "version " + std::to_string(version)) && contains(acceptor.error(), ours),
+              "%s", acceptor.error().c_str());
+    CHECK(acceptor.output_size() == sizeof(Hello));  // it answers with its own Hello, so the peer can say so too
+  }
+  // A connector that meets a newer acceptor says the same.
   Handshake connector(HandshakeRole::kConnector, secret, 42, 1, 2, 0, kNonceC);
   Hello newer;
-  newer.version = 3;
+  newer.version = kProtocolVersion + 1;
   connector.feed(reinterpret_cast<const uint8_t*>(&newer), sizeof(newer));
-  CHECK_MSG(contains(connector.error(), "version 3") && contains(connector.error(), "speaks 2"), "%s",
-            connector.error().c_str());
+  CHECK_MSG(contains(connector.error(), "version " + std::to_string(kProtocolVersion + 1)) && contains(connector.error(), ours),
+            "%s", connector.error().c_str());
+}
+
+// MCCL_NSOCKS, MCCL_CHUNK_BYTES, MCCL_ALGO and MCCL_RD_MAX_BYTES decide which frames travel on which
+// connection: ranks that differ are told so when they connect, naming the variable.
+TEST(handshake_rejects_peers_with_other_frame_settings) {
+  const std::string secret = "0123456789abcdef-the-job-secret";
+  struct Case {
+    LaneSpec connector, acceptor;
+    const char* expect;
+  } cases[] = {{{0, 2, 524288, 0, 0}, {0, 1, 524288, 0, 0}, "MCCL_NSOCKS=2"},
+               {{0, 2, 65536, 0, 0}, {0, 2, 524288, 0, 0}, "MCCL_CHUNK_BYTES=65536"},
+               {{0, 1, 524288, 0, 1}, {0, 1, 524288, 0, 0}, "MCCL_ALGO=ring"},
+               {{0, 1, 524288, 4096, 0}, {0, 1, 524288, 0, 0}, "MCCL_RD_MAX_BYTES=4096"},
+               {{3, 2, 524288, 0, 0}, {0, 2, 524288, 0, 0}, "lane 3 is out of range"}};
+  for (const Case& c : cases) {
+    Handshake connector(HandshakeRole::kConnector, secret, 42, 1, 2, 0, kNonceC, c.connector);
+    Handshake acceptor(HandshakeRole::kAcceptor, secret, 42, 0, 2, -1, kNonceA, c.acceptor);
+    exchange(connector, acceptor);
+    CHECK(!acceptor.finished() && !connector.finished());
+    CHECK_MSG(contains(acceptor.error(), c.expect), "expected '%s' in '%s'", c.expect, acceptor.error().c_str());
+  }
+  // Same settings, lane 1 of 2: both ends agree on the lane.
+  LaneSpec lane1{1, 2, 524288, 0, 0};
+  Handshake connector(HandshakeRole::kConnector, secret, 42, 1, 2, 0, kNonceC, lane1);
+  Handshake acceptor(HandshakeRole::kAcceptor, secret, 42, 0, 2, -1, kNonceA, {0, 2, 524288, 0, 0});
+  exchange(connector, acceptor);
+  CHECK_MSG(connector.finished() && acceptor.finished(), "%s / %s", connector.error().c_str(), acceptor.error().c_str());
+  CHECK(acceptor.peer_lane() == 1 && connector.peer_lane() == 1);
 }
 
 TEST(handshake_rejects_garbage_and_wrong_jobs_without_answering) {
@@ -374,7 +405,7 @@ TEST(foreign_connections_are_logged_closed_and_never_fatal) {
 
   // A client that knows the job's communicator id but not its secret: gets rank 0's challenge, fails.
   Socket impostor = Socket::connect_to(addr, io_deadline, "rank 0");
-  Handshake hs(HandshakeRole::kConnector, "not-the-job-secret-at-all", comm_id, 1, 2, 0, kNonceC);
+  Handshake hs(HandshakeRole::kConnector, "not-the-job-secret-at-all", comm_id, 1, 2, 0, kNonceC, lane_spec(config));
   impostor.write_all(hs.output(), hs.output_size(), io_deadline, "rank 0");
   hs.sent(hs.output_size());
   uint8_t reply[sizeof(Hello)];

@@ -18,6 +18,8 @@ def test_an_impersonating_client_is_refused():
     rec = bounded(garbage_trial, 60, world=3, rendezvous_connections=1, training_connections=0,
                   kinds=("impersonate",), seed=1, pg_timeout_s=2)
     assert rec["accepted"] == 0 and rec["ok"], json.dumps({k: v for k, v in rec.items() if k != "log"}, default=str)
+    # it got as far as the proof (its Hello speaks the current protocol), and that is where it was refused
+    assert any("failed authentication" in why for why in rec["rejected_for"]), rec["rejected_for"]
 
 
 def test_a_stalled_handshake_does_not_block_rendezvous():

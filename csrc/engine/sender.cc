@@ -1,0 +1,199 @@
+#include "sender.h"
+
+#include <poll.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "error.h"
+#include "socket.h"
+#include "thread_name.h"
+#include "transport.h"
+
+namespace mccl {
+namespace {
+constexpr size_t kBatch = 8;  // frames per sendmsg (header and payload each take an iovec)
+
+void drain(int fd) {
+  char buf[64];
+  while (::read(fd, buf, sizeof(buf)) > 0) {
+  }
+}
+}  // namespace
+
+Sender::Sender(int slots, std::function<void()> notify, std::chrono::microseconds spin)
+    : notify_(std::move(notify)), slots_(slots), spin_(spin) {
+  make_wake_pipe(&wake_read_, &wake_write_);
+  thread_ = std::thread([this] {
+    set_thread_name("mccl-sender");
+    run();
+  });
+}
+
+Sender::~Sender() {
+  stop();
+  ::close(wake_read_);
+  ::close(wake_write_);
+}
+
+void Sender::submit(int slot, int fd, std::shared_ptr<Request> request) {
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Slot& s = slots_[slot];
+    s.fd = fd;
+    const size_t progress = request->progress;
+    s.jobs.push_back(Job{std::move(request), progress});
+    submitted_.fetch_add(1, std::memory_order_release);
+    wake = polling_;
+  }
+  if (wake) {
+    char byte = 1;
+    ssize_t ignored = ::write(wake_write_, &byte, 1);  // a full pipe already means "wake up"
+    (void)ignored;
+  }
+}
+
+void Sender::collect(std::vector<Report>* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  news_.store(false, std::memory_order_relaxed);
+  out->resize(slots_.size());
+  for (size_t s = 0; s < slots_.size(); ++s) {
+    (*out)[s].finished += slots_[s].finished;
+    slots_[s].finished = 0;
+    if (!slots_[s].error.empty()) (*out)[s].error = slots_[s].error;
+  }
+}
+
+void Sender::stop(std::vector<size_t>* head_progress) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  char byte = 1;
+  ssize_t ignored = ::write(wake_write_, &byte, 1);
+  (void)ignored;
+  if (thread_.joinable()) thread_.join();
+  if (head_progress) {
+    head_progress->assign(slots_.size(), 0);
+    for (size_t s = 0; s < slots_.size(); ++s) {
+      if (!slots_[s].jobs.empty()) (*head_progress)[s] = slots_[s].jobs.front().progress;
+    }
+  }
+}
+
+// One sendmsg() with the batch's remaining bytes; the batch is the slot's first frames, copied under
+// mu_ (submit() may grow the queue meanwhile, but only this thread removes from it). Returns the bytes
+// written; frames it finished are popped and counted in the slot (*finished_any).
+size_t Sender::write_some(Slot& slot, int fd, const std::vector<Job>& batch, std::string* error, bool* finished_any) {
+  iovec iov[2 * kBatch];
+  int count = 0;
+  for (const Job& job : batch) {
+    const Request& r = *job.request;
+    size_t offset = job.progress;
+    if (offset < sizeof(FrameHeader)) {
+      iov[count++] = {reinterpret_cast<char*>(&job.request->header) + offset, sizeof(FrameHeader) - offset};
+      offset = sizeof(FrameHeader);
+    }
+    const size_t payload_done = offset - sizeof(FrameHeader);
+    if (payload_done < r.length) iov[count++] = {r.data + payload_done, r.length - payload_done};
+  }
+  size_t written = 0;
+  try {
+    written = Socket::send_some_on(fd, iov, count);
+  } catch (const Error& e) {
+    *error = e.what();
+    return 0;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t left = written; left > 0;) {
+    Job& job = slot.jobs.front();
+    const size_t take = std::min(left, sizeof(FrameHeader) + job.request->length - job.progress);
+    job.progress += take;
+    left -= take;
+    if (job.progress == sizeof(FrameHeader) + job.request->length) {
+      slot.jobs.pop_front();
+      ++slot.finished;
+      *finished_any = true;
+    }
+  }
+  return written;
+}
+
+// Each round: every slot with frames gets one sendmsg(); when none of them moved a byte, wait in poll()
+// for those sockets to drain (or for new frames, or stop()).
+void Sender::run() {
+  std::vector<int> active;
+  std::vector<std::vector<Job>> batches(slots_.size());
+  std::vector<int> batch_fds(slots_.size(), -1);
+  std::vector<pollfd> fds;
+  for (;;) {
+    active.clear();
+    uint64_t seen;  // frames submitted when this snapshot was taken
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      seen = submitted_.load(std::memory_order_relaxed);
+      for (size_t s = 0; s < slots_.size(); ++s) {
+        Slot& slot = slots_[s];
+        if (slot.jobs.empty() || !slot.error.empty()) continue;
+        active.push_back(static_cast<int>(s));
+        batches[s].assign(slot.jobs.begin(), slot.jobs.begin() + std::min(kBatch, slot.jobs.size()));
+        batch_fds[s] = slot.fd;
+      }
+      polling_ = false;
+    }
+    if (active.empty()) {
+      // Idle: spin for the next frame a while, then sleep until submit() or stop() writes the pipe.
+      const auto spin_until = Clock::now() + spin_;
+      while (Clock::now() < spin_until && submitted_.load(std::memory_order_acquire) == seen) std::this_thread::yield();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_ || submitted_.load(std::memory_order_relaxed) != seen) continue;
+        polling_ = true;  // from here on, submit() writes the pipe
+      }
+      pollfd pfd{wake_read_, POLLIN, 0};
+      ::poll(&pfd, 1, -1);
+      drain(wake_read_);
+      continue;
+    }
+    bool moved = false, news = false;
+    for (int s : active) {
+      std::string error;
+      moved = write_some(slots_[s], batch_fds[s], batches[s], &error, &news) > 0 || moved;
+      if (error.empty()) continue;
+      std::lock_guard<std::mutex> lock(mu_);
+      slots_[s].error = error;
+      news = true;
+    }
+    if (news) {
+      news_.store(true, std::memory_order_release);
+      notify_();
+    }
+    if (moved) continue;
+    // Every socket we hold frames for is full: sleep until one drains, a frame comes for another
+    // peer, or stop().
+    fds.clear();
+    fds.push_back({wake_read_, POLLIN, 0});
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      bool other_work = false;
+      for (size_t s = 0; s < slots_.size(); ++s) {
+        const Slot& slot = slots_[s];
+        if (slot.jobs.empty() || !slot.error.empty()) continue;
+        if (std::find(active.begin(), active.end(), static_cast<int>(s)) == active.end()) other_work = true;
+        else fds.push_back({slot.fd, POLLOUT, 0});
+      }
+      if (other_work) continue;
+      polling_ = true;  // from here on, submit() writes the pipe
+    }
+    ::poll(fds.data(), fds.size(), -1);
+    if (fds[0].revents & POLLIN) drain(wake_read_);
+  }
+}
+
+}  // namespace mccl
