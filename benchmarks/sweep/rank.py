@@ -53,7 +53,10 @@ def interleaved_times(runs: Sequence[Tuple[Callable[[], None], Callable[[], None
     (rotating who goes first), so that a change in machine load hits all of them alike.
 
     Each timing is barrier(), then fn() `batch` times back to back, divided by `batch`: one call for large
-    messages, as many as fill BATCH_TARGET_S for small ones (from the fastest warm-up call, per run). A
+    messages, as many as fill BATCH_TARGET_S for small ones (from the fastest warm-up call, per run). Small
+    messages first run a quarter batch untimed (then the barrier again): a run that follows another
+    backend's turn was measured up to 3x slower at 4 KiB without it (the first calls after the switch pay
+    for it), which made the series placed after Gloo look slower than the same settings elsewhere. A
     repetition's time is the slowest rank's. The number of repetitions is `iters`, cut down to fit
     `budget_s` but never below `min_iters`; every rank agrees on the counts through `max_reduce`.
     Returns times[k] for run k: seconds per call.
@@ -74,6 +77,10 @@ def interleaved_times(runs: Sequence[Tuple[Callable[[], None], Callable[[], None
         for j in range(len(runs)):
             k = (i + j) % len(runs)
             fn, barrier = runs[k]
+            if batch[k] > 1:
+                barrier()
+                for _ in range(max(1, batch[k] // 4)):
+                    fn()
             barrier()
             t0 = time.perf_counter()
             for _ in range(batch[k]):
