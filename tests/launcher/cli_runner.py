@@ -32,6 +32,16 @@ def env_with_fake_ssh(log_path=None, **extra) -> dict:
     return env
 
 
+def fake_ssh_calls(log_path) -> list:
+    """(host, remote command) of every fake ssh started with env_with_fake_ssh(log_path), in no order."""
+    calls = []
+    for path in sorted(Path(log_path).parent.glob(Path(log_path).name + ".*")):
+        for line in path.read_text().splitlines():
+            host, remote = line.split("\t", 1)
+            calls.append((host, remote))
+    return calls
+
+
 def run_mccl(*args, timeout: float = RUN_TIMEOUT_S, env=None, cwd=None) -> subprocess.CompletedProcess:
     """`mccl ARGS...` to completion (killed and failed after `timeout`); .elapsed holds its wall time."""
     require_script()

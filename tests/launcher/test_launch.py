@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cli_runner import (MCCL, RANK_PROGRAMS, alive, assert_all_gone, env_with_fake_ssh, require_script, run_mccl,
-                        wait_for_files)
+from cli_runner import (MCCL, RANK_PROGRAMS, alive, assert_all_gone, env_with_fake_ssh, fake_ssh_calls, require_script,
+                        run_mccl, wait_for_files)
 from lightning_mccl.cli import main, rank_shim
 from lightning_mccl.cli.launch import SHIM_BOOTSTRAP, hostfile_plan, local_plan, resolve_command
 from lightning_mccl.cli.supervise import RankSpec, _Rank
@@ -185,7 +185,7 @@ def test_ssh_path_end_to_end_with_a_fake_ssh(tmp_path):
                  "--ssh", "ssh -o BatchMode=yes -p 22", "--env", "MCCL_TEST_FORWARDED=yes",
                  "--", "python", RANK_PROGRAMS, "env", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
-    calls = [line.split("\t") for line in log.read_text().splitlines()]
+    calls = fake_ssh_calls(log)
     assert sorted(host for host, _ in calls) == ["mac-0", "mac-1"]
     assert all(remote.startswith(f"exec {sys.executable} -c ") for _, remote in calls)
     out = prefixed(r.stdout)
