@@ -15,7 +15,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
