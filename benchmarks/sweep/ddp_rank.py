@@ -1,0 +1,141 @@
+"""One rank of benchmarks/fleet_ddp.py: builds one model per series (same seed), times their training steps in
+turns on the same synthetic data, and compares the final weights with the reference series'."""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from .ddp_series import COMPUTE, DDPSeries
+from .rank import init_groups, say, summarize
+from .series import Series
+
+EXACT_TOL, COMPRESSED_TOL = 1e-3, 5e-2
+
+
+def _device(name: str):
+    import torch
+
+    if name == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.cuda.set_device(0)  # every rank on GPU 0, as one Mac each
+        return torch.device("cuda", 0), torch.cuda.synchronize
+    if name == "mps":
+        return torch.device("mps"), torch.mps.synchronize
+    return torch.device("cpu"), lambda: None
+
+
+def _model(spec: dict, device):
+    import timm
+    import torch
+
+    torch.manual_seed(0)
+    return timm.create_model(spec["model"], pretrained=False, img_size=spec["img_size"],
+                             num_classes=spec["num_classes"]).to(device)
+
+
+def _wrap(s: DDPSeries, model, group, spec: dict):
+    """DistributedDataParallel on the series' group, with its settings and comm hook."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(model, process_group=group, **s.ddp)
+    if s.hook == "bf16_hook":
+        ddp.register_comm_hook(group, default_hooks.bf16_compress_hook)
+    elif s.hook == "fp16_hook":
+        ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
+    elif s.hook == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=spec["powersgd_rank"],
+                                            start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    return ddp
+
+
+def worker(spec_path: str) -> int:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    with open(spec_path) as f:
+        spec = json.load(f)
+    series = [DDPSeries.from_json(s) for s in spec["series"]]
+    backends = sorted({s.backend for s in series if s.backend != "none"})
+    groups = init_groups([Series(b, b) for b in backends], spec["pg_timeout"])
+    torch.set_num_threads(spec["threads"])
+    device, sync = _device(spec["device"])
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    models = {s.label: (_model(spec, device) if s.backend == "none" else
+                        _wrap(s, _model(spec, device), groups[s.backend], spec)) for s in series}
+    opts = {k: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for k, m in models.items()}
+    labels = list(models)
+    start = _flat(_model(spec, torch.device("cpu")))
+    params = start.numel()
+    grad_bytes = 4 * params
+
+    def batch(step: int):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x = torch.randn(spec["batch"], 3, spec["img_size"], spec["img_size"], generator=g)
+        y = torch.randint(0, spec["num_classes"], (spec["batch"],), generator=g)
+        return x.to(device), y.to(device)
+
+    total = spec["warmup"] + spec["steps"]
+    times = torch.zeros(spec["steps"], len(labels), dtype=torch.float64)
+    for i in range(total):
+        x, y = batch(i)
+        for j in range(len(labels)):
+            k = (i + j) % len(labels)
+            sync()
+            dist.barrier()
+            t0 = time.perf_counter()
+            opts[labels[k]].zero_grad(set_to_none=True)
+            F.cross_entropy(models[labels[k]](x), y).backward()
+            opts[labels[k]].step()
+            sync()
+            if i >= spec["warmup"]:
+                times[i - spec["warmup"], k] = time.perf_counter() - t0
+        if i == spec["warmup"] - 1 or i == total - 1:
+            say(f"{world} ranks, batch {spec['batch']}: step {i + 1}/{total}")
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+
+    rows = []
+    compute = summarize(times[:, labels.index(COMPUTE)].tolist())["time_median_s"] if COMPUTE in labels else None
+    for k, s in enumerate(series):
+        row = {"model": spec["model"], "device": spec["device"], "world": world, "batch_per_rank": spec["batch"],
+               "series": s.label, "backend": s.backend, "wire_dtype": s.wire, "hook": s.hook,
+               "ddp_options": " ".join(f"{a}={b}" for a, b in s.ddp.items()), "params": params,
+               "grad_bytes": grad_bytes, **summarize(times[:, k].tolist()), "compute_median_s": compute}
+        if rank == 0 and s.backend != "none":
+            row.update(_compare(s, _flat(models[s.label].module), start, spec))
+        rows.append(row)
+    if rank == 0:
+        with open(spec["result"], "w") as f:
+            json.dump({"rows": rows}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def _flat(model):
+    import torch
+
+    return torch.cat([p.detach().reshape(-1).float().cpu() for p in model.parameters()])
+
+
+def _compare(s: DDPSeries, weights, start, spec: dict) -> dict:
+    """The reference series saves its weights (the first launch); every other series is compared with them:
+    |w - w_ref| / |w_ref - w_start|, within EXACT_TOL, COMPRESSED_TOL for 16-bit gradients, PowerSGD
+    reported only (a low-rank approximation trains differently by design)."""
+    import torch
+
+    if s.label == spec["ref"]:
+        torch.save(weights, spec["ref_path"])
+        return {}
+    if not os.path.exists(spec["ref_path"]):
+        return {}
+    ref = torch.load(spec["ref_path"])
+    rel = float((weights - ref).norm() / (ref - start).norm().clamp_min(1e-30))
+    tol = None if s.hook == "powersgd" else COMPRESSED_TOL if s.compressed else EXACT_TOL
+    return {"weights_vs": spec["ref"], "weights_rel_diff": rel, "weights_tol": tol if tol else "",
+            "weights_match": "approx" if tol is None else "yes" if rel <= tol else "NO"}

@@ -1,0 +1,115 @@
+"""What the DDP benchmark (fleet_ddp.py) compares: a series is a backend, an optional wire compression of the
+engine, an optional DDP comm hook and DDP's own settings.
+
+    compute                      the same training step without DDP (no communication at all)
+    mccl  gloo                   DDP on that backend
+    mccl-bf16  mccl-fp16         mccl with MCCL_WIRE_DTYPE=bf16 / fp16 (the engine narrows float32 on the wire)
+    mccl+bf16_hook               DDP comm hook: bf16_hook, fp16_hook (torch's compress hooks), powersgd
+    mccl:bucket=100:view:static  DDP settings: bucket_cap_mb, gradient_as_bucket_view, static_graph
+    ...:label=NAME               the label in the table (default: the text itself)
+
+The engine reads MCCL_WIRE_DTYPE once per process, so each wire type is a launch of its own (with its own
+compute series, so that every efficiency compares steps of the same processes). PowerSGD also gets a launch of
+its own: a failure there (its chained collectives, issue 10) loses that series only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+BACKENDS = ("mccl", "gloo")
+WIRE = {"bf16": "bf16", "fp16": "fp16"}
+HOOKS = ("bf16_hook", "fp16_hook", "powersgd")
+COMPUTE = "compute"
+
+
+@dataclass(frozen=True)
+class DDPSeries:
+    label: str
+    backend: str  # "none" for compute
+    wire: str = ""  # MCCL_WIRE_DTYPE, "" = off
+    hook: str = ""
+    ddp: Dict[str, object] = field(default_factory=dict)  # DistributedDataParallel keyword arguments
+
+    @property
+    def compressed(self) -> bool:
+        return bool(self.wire) or self.hook in ("bf16_hook", "fp16_hook")
+
+    @property
+    def env(self) -> Dict[str, str]:
+        return {"MCCL_WIRE_DTYPE": self.wire} if self.wire else {}
+
+    def to_json(self) -> dict:
+        return {"label": self.label, "backend": self.backend, "wire": self.wire, "hook": self.hook,
+                "ddp": dict(self.ddp)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "DDPSeries":
+        return cls(d["label"], d["backend"], d["wire"], d["hook"], dict(d["ddp"]))
+
+
+def parse(text: str) -> List[DDPSeries]:
+    """Comma-separated items as in the module docstring; ValueError naming the bad item."""
+    out: List[DDPSeries] = []
+    for item in [t.strip() for t in text.split(",") if t.strip()]:
+        name, *opts = item.split(":")
+        label, ddp = item, {}
+        for opt in opts:
+            key, sep, value = opt.partition("=")
+            try:
+                if key == "label" and sep:
+                    label = value
+                elif key == "bucket" and sep:
+                    ddp["bucket_cap_mb"] = float(value)
+                elif key == "view" and not sep:
+                    ddp["gradient_as_bucket_view"] = True
+                elif key == "static" and not sep:
+                    ddp["static_graph"] = True
+                else:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(f"series {item!r}: bad option {opt!r} (label=NAME, bucket=MB, view, static)") \
+                    from None
+        if name == COMPUTE:
+            if ddp:
+                raise ValueError(f"series {item!r}: compute has no DDP settings")
+            out.append(DDPSeries(label, "none"))
+            continue
+        name, _, hook = name.partition("+")
+        backend, _, wire = name.partition("-")
+        if backend not in BACKENDS:
+            raise ValueError(f"series {item!r}: unknown backend {backend!r} (use {', '.join(BACKENDS)})")
+        if wire and (wire not in WIRE or backend != "mccl"):
+            raise ValueError(f"series {item!r}: wire compression is mccl-bf16 or mccl-fp16")
+        if hook and hook not in HOOKS:
+            raise ValueError(f"series {item!r}: unknown hook {hook!r} (use {', '.join(HOOKS)})")
+        out.append(DDPSeries(label, backend, WIRE.get(wire, ""), hook, ddp))
+    labels = [s.label for s in out]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ValueError(f"series {dup} appear twice: give them label=NAME")
+    if not any(s.backend != "none" for s in out):
+        raise ValueError("no DDP series given (e.g. --series compute,mccl,gloo)")
+    return out
+
+
+def launches(series: Sequence[DDPSeries]) -> List[List[DDPSeries]]:
+    """The launches of the ranks: one per wire type, PowerSGD series alone; the compute series (when asked
+    for) in every launch. The first launch holds the first uncompressed series, the weights' reference."""
+    compute = [s for s in series if s.backend == "none"]
+    ddp = [s for s in series if s.backend != "none"]
+    keys: List[tuple] = []
+    groups: Dict[tuple, List[DDPSeries]] = {}
+    ref = reference(series)
+    for s in sorted(ddp, key=lambda s: s is not ref):
+        key = (s.wire, s.label if s.hook == "powersgd" else "")
+        if key not in groups:
+            keys.append(key)
+            groups[key] = []
+        groups[key].append(s)
+    return [compute + groups[k] for k in keys]
+
+
+def reference(series: Sequence[DDPSeries]) -> Optional[DDPSeries]:
+    """The series whose weights the others are compared with: the first exact one (no compression)."""
+    return next((s for s in series if s.backend != "none" and not s.compressed and s.hook != "powersgd"), None)
