@@ -105,8 +105,21 @@ def main(argv=None) -> int:
                         failed += [(n, batch, s.label) for s in group if s.backend != "none"]
                         continue
                     rows += add_wire_time(result["rows"], where.link_goodput_gbps())
+                    report_all(args, argv, out, rows, series, failed, wheres, log, quiet=True)  # so far
                 if os.path.exists(ref_path):
                     os.remove(ref_path)
+    rows = report_all(args, argv, out, rows, series, failed, wheres, log, quiet=False)
+    bad = [r for r in rows if r.get("weights_match") == "NO"]
+    for r in bad:
+        log(f"{r['series']} at {r['world']} ranks, batch {r['batch_per_rank']}: weights differ from "
+            f"{r['weights_vs']} by {r['weights_rel_diff']:.2e} of the update")
+    return 1 if bad or failed else 0
+
+
+def report_all(args, argv, out, rows, series, failed, wheres, log, quiet: bool) -> list:
+    """Writes the files of everything measured so far (after every launch: a run cut short keeps its rows)."""
+    from sweep.ddp_report import write_outputs
+
     rows = finish_rows(rows, [s.label for s in series], args.baseline, failed)
     info = next((r for r in rows if r.get("params")), {})
     header = report.machine_header(argv, "; ".join(dict.fromkeys(wheres)), {
@@ -115,14 +128,8 @@ def main(argv=None) -> int:
         "step": f"on {args.device}{' (all ranks on GPU 0, fp32, TF32 off)' if args.device == 'cuda' else ''}, "
                 f"SGD (momentum 0.9), {args.warmup} warm-up + {args.steps} timed steps, {args.threads} torch "
                 f"thread(s) per rank"})
-    from sweep.ddp_report import write_outputs
-
-    write_outputs(out, rows, header, args.baseline, log)
-    bad = [r for r in rows if r.get("weights_match") == "NO"]
-    for r in bad:
-        log(f"{r['series']} at {r['world']} ranks, batch {r['batch_per_rank']}: weights differ from "
-            f"{r['weights_vs']} by {r['weights_rel_diff']:.2e} of the update")
-    return 1 if bad or failed else 0
+    write_outputs(out, rows, header, args.baseline, log, quiet=quiet)
+    return rows
 
 
 class _EnvOnly:

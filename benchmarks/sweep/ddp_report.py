@@ -39,7 +39,7 @@ NOTES = [
     "approximates by design)."]
 
 
-def write_outputs(out: str, rows: list, header: dict, baseline: str, log) -> None:
+def write_outputs(out: str, rows: list, header: dict, baseline: str, log, quiet: bool = False) -> None:
     cols, cells = table(rows, baseline)
     model = next((r["model"] for r in rows if "model" in r), "")
     title = f"DDP training step on a fleet stand-in, {model}"
@@ -60,6 +60,8 @@ def write_outputs(out: str, rows: list, header: dict, baseline: str, log) -> Non
               {"ylabel": "efficiency (compute step / step)", "xlabel": "ranks x batch per rank", "xticks": ticks,
                "series": {lab: line(lab, "efficiency") for lab in labels if lab != "compute"}}]
     why = report.plot(os.path.join(out, "results.png"), f"{title}: {header['where']}", panels)
+    if quiet:
+        return
     if why:
         log(why)
     report.print_table(f"{title} ({header['where']})", (cols, cells), NOTES)

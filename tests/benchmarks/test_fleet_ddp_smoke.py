@@ -1,0 +1,65 @@
+"""Smoke test of benchmarks/fleet_ddp.py: 2 CPU ranks on loopback, a tiny timm ViT, 2 timed steps, the exact
+series, a torch comm hook and the engine's bf16 wire compression (a launch of its own). Checks the harness
+(files, a row per series, efficiency against the compute series, weights against the reference within the
+tolerances), never the timings. The series parsing and launch grouping are checked in one process."""
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from bench_runner import explain, run_script
+from sweep import ddp_series
+
+
+def test_fleet_ddp_writes_table_and_weights_agree(tmp_path):
+    out = tmp_path / "out"
+    proc = run_script("fleet_ddp.py", "--nproc", 2, "--device", "cpu", "--model", "vit_tiny_patch16_224",
+                      "--img-size", 32, "--num-classes", 10, "--batch", 2, "--steps", 2, "--warmup", 2,
+                      "--series", "compute,mccl,gloo,mccl+bf16_hook,mccl-bf16", "--out", out, "--timeout", 100,
+                      timeout=150)
+    assert proc.returncode == 0, explain(proc)
+    with open(out / "results.csv", newline="") as f:
+        rows = {r["series"]: r for r in csv.DictReader(f)}
+    assert list(rows) == ["compute", "mccl", "gloo", "mccl+bf16_hook", "mccl-bf16"]
+    for r in rows.values():
+        assert r["world"] == "2" and r["batch_per_rank"] == "2" and r["iters"] == "2", r
+        assert abs(float(r["samples_per_s"]) - 4 / float(r["time_median_s"])) < 1e-6, r
+        eff = float(r["efficiency"])
+        assert abs(eff - float(r["compute_median_s"]) / float(r["time_median_s"])) < 1e-9, r
+        assert int(r["grad_bytes"]) == 4 * int(r["params"]) > 0
+    assert rows["mccl"]["weights_match"] == "" and rows["mccl-bf16"]["wire_dtype"] == "bf16"
+    for name, tol in (("gloo", 1e-3), ("mccl+bf16_hook", 5e-2), ("mccl-bf16", 5e-2)):
+        r = rows[name]
+        assert r["weights_vs"] == "mccl" and r["weights_match"] == "yes", r
+        assert 0 <= float(r["weights_rel_diff"]) <= tol and float(r["weights_tol"]) == tol, r
+    # 16-bit gradients on the wire differ from the exact run, but by far less than the tolerance's scale
+    assert 0 < float(rows["mccl+bf16_hook"]["weights_rel_diff"])
+    assert rows["gloo"]["vs_gloo"] == "" and float(rows["mccl"]["vs_gloo"]) > 0
+    md = (out / "results.md").read_text()
+    assert "- model: vit_tiny_patch16_224, img 32, 10 classes" in md and "| 2 | 2 | mccl-bf16 |" in md
+    assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "efficiency" in proc.stdout_text
+
+
+def test_series_parsing_and_launches():
+    s = ddp_series.parse("compute,mccl,mccl-bf16,gloo,mccl+powersgd,mccl:bucket=100:view:static:label=big")
+    assert [(x.backend, x.wire, x.hook) for x in s] == [
+        ("none", "", ""), ("mccl", "", ""), ("mccl", "bf16", ""), ("gloo", "", ""), ("mccl", "", "powersgd"),
+        ("mccl", "", "")]
+    assert s[-1].label == "big" and s[-1].ddp == {"bucket_cap_mb": 100.0, "gradient_as_bucket_view": True,
+                                                  "static_graph": True}
+    assert ddp_series.reference(s).label == "mccl"
+    # a launch per wire type and one for PowerSGD alone, each with the compute series; the reference first
+    assert [[x.label for x in g] for g in ddp_series.launches(s)] == [
+        ["compute", "mccl", "gloo", "big"], ["compute", "mccl-bf16"], ["compute", "mccl+powersgd"]]
+    assert [x.label for x in ddp_series.launches(ddp_series.parse("mccl-bf16,gloo"))[0]] == ["gloo"]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nccl", "unknown backend 'nccl'"), ("gloo-bf16", "mccl-bf16 or mccl-fp16"), ("mccl+topk", "unknown hook"),
+    ("mccl:bucket=x", "bad option 'bucket=x'"), ("mccl,mccl", "appear twice"), ("compute", "no DDP series"),
+])
+def test_series_errors(text, message):
+    with pytest.raises(ValueError, match=message):
+        ddp_series.parse(text)
