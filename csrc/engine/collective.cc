@@ -15,7 +15,8 @@ FrameHeader Collective::frame(uint64_t offset, uint64_t count, uint32_t step) co
 }
 
 char* WireBuffers::take(size_t bytes) {
-  while (!in_use_.empty() && (!in_use_.front().request || in_use_.front().request->done)) {
+  while (!in_use_.empty() && !in_use_.front().kept &&
+         (!in_use_.front().request || in_use_.front().request->done)) {
     free_.push_back(std::move(in_use_.front().bytes));
     in_use_.pop_front();
   }
@@ -27,6 +28,25 @@ char* WireBuffers::take(size_t bytes) {
   if (entry.bytes.size() < bytes) entry.bytes.resize(bytes);
   in_use_.push_back(std::move(entry));
   return in_use_.back().bytes.data();
+}
+
+void WireBuffers::pass_on(const RequestPtr& from, RequestPtr to) {
+  for (auto it = in_use_.rbegin(); it != in_use_.rend(); ++it) {
+    if (it->request == from) {
+      it->request = std::move(to);
+      it->kept = false;
+      return;
+    }
+  }
+}
+
+void WireBuffers::release(const RequestPtr& from) {
+  for (auto it = in_use_.rbegin(); it != in_use_.rend(); ++it) {
+    if (it->request == from) {
+      it->kept = false;
+      return;
+    }
+  }
 }
 
 void WireBuffers::release_all() {
@@ -45,7 +65,7 @@ RequestPtr Collective::post_send(int peer, const FrameHeader& header, const void
   return request;
 }
 
-RequestPtr Collective::post_recv(int peer, const FrameHeader& header, void* data, size_t bytes) {
+RequestPtr Collective::post_recv(int peer, const FrameHeader& header, void* data, size_t bytes, bool kept) {
   if (!compressed() || bytes == 0) return transport_.post_recv(peer, header, data, bytes);
   const size_t count = bytes / sizeof(float);
   const auto wire_type = static_cast<DataType>(header.wire_dtype);
@@ -54,7 +74,7 @@ RequestPtr Collective::post_recv(int peer, const FrameHeader& header, void* data
     if (!error) widen_to_float32(out, wire, count, wire_type);
   };
   RequestPtr request = transport_.post_recv(peer, header, wire, count * dtype_size(wire_type), widen);
-  wire_->hold(request);
+  wire_->hold(request, kept);
   return request;
 }
 
@@ -68,6 +88,42 @@ RequestPtr Collective::recv(int peer, void* data, size_t bytes, uint64_t offset,
 
 RequestPtr Collective::send_counted(int peer, const void* data, size_t bytes, uint64_t count, uint32_t step) {
   return post_send(peer, frame(0, count, step), data, bytes);
+}
+
+RequestPtr Collective::recv_to_forward(int peer, void* data, size_t bytes, uint64_t offset, uint32_t step) {
+  return post_recv(peer, frame(offset, identity_.count, step), data, bytes, /*kept=*/true);
+}
+
+RequestPtr Collective::forward(int peer, const RequestPtr& received, uint64_t offset, uint32_t step) {
+  RequestPtr request = transport_.post_send(peer, frame(offset, identity_.count, step), received->data,
+                                            received->length);
+  if (compressed() && received->length > 0) wire_->pass_on(received, request);
+  return request;
+}
+
+RequestPtr Collective::recv_for_reduce(int peer, void* landing, size_t bytes, uint64_t offset, uint32_t step) {
+  const FrameHeader header = frame(offset, identity_.count, step);
+  if (!compressed() || bytes == 0) return transport_.post_recv(peer, header, landing, bytes);
+  const size_t wire_bytes = bytes / sizeof(float) * dtype_size(static_cast<DataType>(identity_.wire_dtype));
+  RequestPtr request = transport_.post_recv(peer, header, wire_->take(wire_bytes), wire_bytes);
+  wire_->hold(request, /*kept=*/true);  // until reduce_received has read it
+  return request;
+}
+
+void Collective::reduce_received(void* dst, const RequestPtr& received, size_t bytes) {
+  if (!compressed()) return reduce_into(dst, received->data, bytes / dtype_size(dtype()), dtype(), op());
+  const auto wire_type = static_cast<DataType>(identity_.wire_dtype);
+  constexpr size_t kTile = 4096;  // floats: 16 KiB, stays in L1 between the widen and the reduction
+  alignas(64) float tile[kTile];
+  const size_t count = bytes / sizeof(float);
+  const char* src = received->data;
+  float* out = static_cast<float*>(dst);
+  for (size_t i = 0; i < count; i += kTile) {
+    const size_t n = std::min(kTile, count - i);
+    widen_to_float32(tile, src + i * dtype_size(wire_type), n, wire_type);
+    reduce_into(out + i, tile, n, DataType::kFloat32, op());
+  }
+  wire_->release(received);
 }
 
 RequestPtr Collective::recv_counted(int peer, void* data, size_t bytes, uint64_t count, uint32_t step) {
@@ -90,7 +146,10 @@ char* Collective::scratch(int slot, size_t bytes) {
 }
 
 size_t Collective::piece_bytes(size_t element_size) const {
-  size_t elements = std::max<size_t>(1, config_.chunk_bytes / element_size);
+  const size_t on_wire = compressed() && element_size == sizeof(float)
+                             ? dtype_size(static_cast<DataType>(identity_.wire_dtype))
+                             : element_size;
+  size_t elements = std::max<size_t>(1, config_.chunk_bytes / on_wire);
   return elements * element_size;
 }
 

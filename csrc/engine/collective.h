@@ -26,15 +26,23 @@ struct Segment {
 // memory in use is what is in flight, not the whole message.
 class WireBuffers {
  public:
-  // A buffer of at least `bytes`, held by `request` once hold() is called.
+  // A buffer of at least `bytes`, held by `request` once hold() is called; `kept`: also after the request
+  // is done, until pass_on() or release() (a received payload that is still to be read or forwarded).
   char* take(size_t bytes);
-  void hold(RequestPtr request) { in_use_.back().request = std::move(request); }
+  void hold(RequestPtr request, bool kept = false) {
+    in_use_.back().request = std::move(request);
+    in_use_.back().kept = kept;
+  }
+  // The buffer `from` holds is held by `to` instead (a later request: a forward of what `from` received).
+  void pass_on(const RequestPtr& from, RequestPtr to);
+  void release(const RequestPtr& from);
   void release_all();  // after a collective: none of its requests is pending any more
 
  private:
   struct Entry {
     std::vector<char> bytes;
     RequestPtr request;
+    bool kept = false;
   };
   std::deque<Entry> in_use_;  // in posting order: the oldest requests finish first
   std::vector<std::vector<char>> free_;
@@ -60,6 +68,17 @@ class Collective {
   RequestPtr send(int peer, const void* data, size_t bytes, uint64_t offset, uint32_t step);
   RequestPtr recv(int peer, void* data, size_t bytes, uint64_t offset, uint32_t step);
   RequestPtr send_counted(int peer, const void* data, size_t bytes, uint64_t count, uint32_t step);
+  // Sends on what `received` (a finished recv of this collective) brought, as it arrived: a compressed
+  // payload goes on as it came, not widened and narrowed again (nor rounded twice).
+  // `received` must come from recv_to_forward.
+  RequestPtr forward(int peer, const RequestPtr& received, uint64_t offset, uint32_t step);
+  // recv() whose payload stays available to forward() (compressed: its wire buffer is kept).
+  RequestPtr recv_to_forward(int peer, void* data, size_t bytes, uint64_t offset, uint32_t step);
+  // A receive whose payload reduce_received() then folds into the caller's buffer. Uncompressed it lands
+  // in `landing`; compressed it stays in a wire buffer and is widened tile by tile inside the reduction
+  // (one pass over memory, not a float32 copy first).
+  RequestPtr recv_for_reduce(int peer, void* landing, size_t bytes, uint64_t offset, uint32_t step);
+  void reduce_received(void* dst, const RequestPtr& received, size_t bytes);
   RequestPtr recv_counted(int peer, void* data, size_t bytes, uint64_t count, uint32_t step);
   void wait(const RequestPtr& request) { transport_.wait(request, deadline_); }
   void wait_all(const std::vector<RequestPtr>& requests) { transport_.wait_all(requests, deadline_); }
@@ -73,14 +92,15 @@ class Collective {
   // Reusable buffers owned by the communicator (slot 0 or 1), at least `bytes` long; contents undefined.
   char* scratch(int slot, size_t bytes);
 
-  // Pipelining unit for a ring step, a whole number of elements.
+  // Pipelining unit for a ring step, a whole number of elements: MCCL_CHUNK_BYTES on the wire, so a
+  // compressed float32 piece holds twice the elements (and its frames reach the sender thread's size).
   size_t piece_bytes(size_t element_size) const;
 
  private:
   // This collective's header for one frame: its identity with this offset, count and step.
   FrameHeader frame(uint64_t offset, uint64_t count, uint32_t step) const;
   RequestPtr post_send(int peer, const FrameHeader& header, const void* data, size_t bytes);
-  RequestPtr post_recv(int peer, const FrameHeader& header, void* data, size_t bytes);
+  RequestPtr post_recv(int peer, const FrameHeader& header, void* data, size_t bytes, bool kept = false);
 
   Transport& transport_;
   const Config& config_;

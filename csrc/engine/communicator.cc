@@ -95,7 +95,11 @@ WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, 
     id.reduce_op = static_cast<uint8_t>(op);
     id.root = static_cast<uint16_t>(root);
     id.count = count;
-    if (dtype == DataType::kFloat32 && config_.wire_dtype != DataType::kFloat32)
+    // Only reductions (gradients) travel compressed: broadcast, gather and the like move data that must
+    // arrive exact (DDP's broadcast of the initial weights, for one).
+    const bool reduction = kind == CollectiveKind::kAllreduce || kind == CollectiveKind::kReduce ||
+                           kind == CollectiveKind::kReduceScatter;
+    if (dtype == DataType::kFloat32 && config_.wire_dtype != DataType::kFloat32 && reduction)
       id.wire_dtype = static_cast<uint8_t>(config_.wire_dtype);
     ops_.push_back(Op{id, std::move(body), work});
     wake = !spinning_;

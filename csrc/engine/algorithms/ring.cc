@@ -16,9 +16,11 @@
 // All-gather schedule: at step s rank r sends segment (r-s) and receives segment (r-s-1) straight
 // into its final place (zero-copy); a received piece is forwarded at step s+1 from where it landed.
 //
-// Wire compression (MCCL_WIRE_DTYPE): pieces travel as bf16/fp16 and are widened on arrival, so the
-// reduce-scatter rounds each partial sum once per hop; the all-gather first rounds this rank's own
-// segment in place, so every rank ends with the same bits.
+// Wire compression (MCCL_WIRE_DTYPE): pieces travel as bf16/fp16 (MCCL_CHUNK_BYTES of them on the wire).
+// The reduce-scatter widens a received piece inside the reduction (tile by tile), and rounds each partial
+// sum once per hop when it narrows it for the next; the all-gather first rounds this rank's own segment
+// in place, then forwards each received piece as it came (no second conversion), widening it into place,
+// so every rank ends with the same bits.
 #include <algorithm>
 
 #include "../reduce.h"
@@ -72,7 +74,7 @@ void ring_reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32
     char* half = scratch + (s % slots) * max_seg;
     for (size_t p = 0; p < pieces.count(seg); ++p) {
       size_t at = pieces.begin(seg, p);
-      recvs[s].push_back(c.recv(left, half + at, pieces.length(seg, p), seg.offset + at, step_base + s));
+      recvs[s].push_back(c.recv_for_reduce(left, half + at, pieces.length(seg, p), seg.offset + at, step_base + s));
     }
   };
 
@@ -84,11 +86,10 @@ void ring_reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32
   }
   for (int s = 0; s < steps; ++s) {
     const Segment& seg = recv_seg(s);
-    const char* half = scratch + (s % slots) * max_seg;
     for (size_t p = 0; p < pieces.count(seg); ++p) {
       size_t at = pieces.begin(seg, p), len = pieces.length(seg, p);
       c.wait(recvs[s][p]);
-      reduce_into(seg.data + at, half + at, len / esize, c.dtype(), c.op());
+      c.reduce_received(seg.data + at, recvs[s][p], len);
       if (s + 1 < steps) sends.push_back(c.send(right, seg.data + at, len, seg.offset + at, step_base + s + 1));
     }
     if (s + slots < steps) post_recvs(s + slots);
@@ -108,7 +109,8 @@ void ring_allgather(Collective& c, const std::vector<Segment>& segs, uint32_t st
     const Segment& seg = segs[wrap(r - s - 1, n)];
     for (size_t p = 0; p < pieces.count(seg); ++p) {
       size_t at = pieces.begin(seg, p);
-      recvs[s].push_back(c.recv(left, seg.data + at, pieces.length(seg, p), seg.offset + at, step_base + s));
+      recvs[s].push_back(c.recv_to_forward(left, seg.data + at, pieces.length(seg, p), seg.offset + at,
+                                           step_base + s));
     }
   }
   const Segment& own = segs[r];
@@ -122,8 +124,7 @@ void ring_allgather(Collective& c, const std::vector<Segment>& segs, uint32_t st
     for (size_t p = 0; p < pieces.count(seg); ++p) {
       c.wait(recvs[s][p]);
       size_t at = pieces.begin(seg, p);
-      if (s + 1 < steps)
-        sends.push_back(c.send(right, seg.data + at, pieces.length(seg, p), seg.offset + at, step_base + s + 1));
+      if (s + 1 < steps) sends.push_back(c.forward(right, recvs[s][p], seg.offset + at, step_base + s + 1));
     }
   }
   c.wait_all(sends);
