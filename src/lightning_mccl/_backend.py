@@ -26,8 +26,19 @@ def _store_host(store) -> str:
     return ""
 
 
+_engine_wire: "str | None" = None  # MCCL_WIRE_DTYPE when this process's first group started
+
+
+def engine_wire_dtype():
+    """MCCL_WIRE_DTYPE as the engine read it (once per process, at its first group), or None before that."""
+    return _engine_wire
+
+
 def _create_backend(opts, backend_options=None):
     """torch's extended-API creator: one ProcessGroupMCCL per process group and device."""
+    global _engine_wire
+    if _engine_wire is None:
+        _engine_wire = os.environ.get("MCCL_WIRE_DTYPE", "off")
     timeout = opts.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))

@@ -12,7 +12,10 @@ second fit in the same process.
     ddp                  Trainer(strategy="ddp")                   Lightning's own DDP over Gloo: the reference
     gloo_bf16            MCCLStrategy(process_group_backend="gloo", compress="bf16"): reference for the next
     mccl                 Trainer(strategy="mccl")
-    mccl_bf16_compress   Trainer(strategy="mccl_bf16_compress")
+    mccl_bf16_compress   Trainer(strategy="mccl_bf16_compress"): the engine's bf16 wire compression (a
+                         process of its own: the engine reads MCCL_WIRE_DTYPE once per process)
+    mccl_bf16_hook       MCCLStrategy(compress="bf16_hook"): torch's hook, like gloo_bf16
+    mccl_powersgd        MCCLStrategy(compress="powersgd", PowerSGD from step 2); gloo_powersgd: over Gloo
     instance             Trainer(strategy=MCCLStrategy(timeout=120), accelerator="auto")
     cli_string           LightningCLI: --trainer.strategy mccl
     cli_class_path       LightningCLI: --trainer.strategy.class_path lightning_mccl.lightning.MCCLStrategy
@@ -75,6 +78,7 @@ class TinyModel(L.LightningModule):
             "world_size": torch.distributed.get_world_size(),
             "comm_hooks": [hook.__qualname__ for hook, _ in getattr(ddp, "_comm_hooks", [])],
             "bound_device_id": str(torch.distributed.group.WORLD.bound_device_id),
+            "engine_wire": lightning_mccl._backend.engine_wire_dtype(),
         }
 
     def configure_optimizers(self):
@@ -121,6 +125,11 @@ def run(name: str):
         return fit_trainer(MCCLStrategy(process_group_backend="gloo", compress="bf16"))
     if name in ("mccl", "mccl_bf16_compress"):
         return fit_trainer(name)
+    if name == "mccl_bf16_hook":
+        return fit_trainer(MCCLStrategy(compress="bf16_hook"))
+    if name in ("mccl_powersgd", "gloo_powersgd"):
+        return fit_trainer(MCCLStrategy(process_group_backend=name.split("_")[0], compress="powersgd",
+                                        compress_options={"start_powerSGD_iter": 2}))
     if name == "instance":
         return fit_trainer(MCCLStrategy(timeout=120), accelerator="auto")
     if name == "cli_string":

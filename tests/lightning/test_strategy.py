@@ -5,8 +5,10 @@ for 6 steps on 2 CPU ranks. Lightning's `strategy="ddp"` (Gloo) is the reference
 the same parameters (allclose 1e-6) through `Trainer(strategy="mccl")`, an `MCCLStrategy` instance with
 accelerator="auto", LightningCLI (`--trainer.strategy mccl` and the `class_path` form), torchrun and
 `mccl launch --local 1 --nproc-per-node 2`.
-`mccl_bf16_compress` must equal MCCLStrategy(process_group_backend="gloo", compress="bf16") and differ from
-the uncompressed result (so the hook really ran on CPU, where DDPStrategy registers none).
+`compress="bf16_hook"` must equal MCCLStrategy(process_group_backend="gloo", compress="bf16") and differ from
+the uncompressed result (so the hook really ran on CPU, where DDPStrategy registers none); `mccl_bf16_compress`
+(the engine's wire compression, no hook) must stay within bf16's error bound of the uncompressed result and
+differ from it; `compress="powersgd"` must equal the same PowerSGD over Gloo.
 
 MPS (in this process, no fit): MPS is reported available the way Lightning's own tests do it. Lightning
 refuses its DDP there (checked, so the stand-in is known to work); MCCLStrategy passes the connector as a
@@ -38,9 +40,10 @@ FIT_DEADLINE_S = 240  # all launches together; measured ~30 s on 2 cores
 ATOL = RTOL = 1e-6
 
 LAUNCHES = {
-    "lightning_ddp": lambda out: [sys.executable, SCRIPT, out, "ddp", "gloo_bf16"],
-    "lightning_mccl": lambda out: [sys.executable, SCRIPT, out, "mccl", "mccl_bf16_compress", "instance",
-                                   "cli_string", "cli_class_path"],
+    "lightning_ddp": lambda out: [sys.executable, SCRIPT, out, "ddp", "gloo_bf16", "gloo_powersgd"],
+    "lightning_mccl": lambda out: [sys.executable, SCRIPT, out, "mccl", "mccl_bf16_hook", "instance",
+                                   "cli_string", "cli_class_path", "mccl_powersgd"],
+    "lightning_mccl_wire": lambda out: [sys.executable, SCRIPT, out, "mccl_bf16_compress"],
     "torchrun": lambda out: [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                              "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                              SCRIPT, out, "mccl", "--lightning-first"],
@@ -157,6 +160,7 @@ def test_fit_over_mccl_equals_lightning_ddp_over_gloo(fits, launch, run, environ
                                     "bound_device_id", "process_group_after_fit")}
         assert used == {"backend": "mccl", "strategy": "MCCLStrategy", "environment": environment, "world_size": 2,
                         "comm_hooks": [], "bound_device_id": "None", "process_group_after_fit": True}
+        assert rec["engine_wire"] == "off"
         assert_params_close(rec["params"], ref["params"])
         assert rec["registered_by_import"] is True
     assert fits.record("torchrun", "mccl", 0)["lightning_first"] is True  # the other import order
@@ -168,11 +172,35 @@ def test_bf16_compress_hook_runs_on_cpu_and_matches_gloo(fits):
     gloo = fits.record("lightning_ddp", "gloo_bf16", 0)
     assert (gloo["backend"], gloo["comm_hooks"]) == ("gloo", ["bf16_compress_hook"])
     for rank in (0, 1):
-        rec = fits.record("lightning_mccl", "mccl_bf16_compress", rank)
+        rec = fits.record("lightning_mccl", "mccl_bf16_hook", rank)
         assert (rec["backend"], rec["comm_hooks"]) == ("mccl", ["bf16_compress_hook"])
         assert_params_close(rec["params"], gloo["params"])
         # bf16 gradients change the result (measured 3.7e-4): the hook ran
         assert max_diff(rec["params"], plain["params"]) > 1e-5
+
+
+def test_bf16_wire_compression_stays_within_bf16_error_of_gloo(fits):
+    """compress="bf16" over mccl: no hook, the engine sends bf16 (2 ranks: each gradient rounded at most 3
+    times, u = 2^-8); the weights stay within 2 x 3u of the training's movement from the exact result."""
+    plain = reference(fits)
+    moved = max_diff(plain["params"], fits.init)
+    for rank in (0, 1):
+        rec = fits.record("lightning_mccl_wire", "mccl_bf16_compress", rank)
+        assert (rec["backend"], rec["comm_hooks"], rec["engine_wire"]) == ("mccl", [], "bf16")
+        diff = max_diff(rec["params"], plain["params"])
+        assert 1e-6 < diff <= 2 * 3 * 2.0**-8 * moved, (diff, moved)
+    assert max_diff(fits.record("lightning_mccl_wire", "mccl_bf16_compress", 1)["params"],
+                    fits.record("lightning_mccl_wire", "mccl_bf16_compress", 0)["params"]) == 0
+
+
+def test_powersgd_runs_and_matches_gloo(fits):
+    plain = reference(fits)
+    gloo = fits.record("lightning_ddp", "gloo_powersgd", 0)
+    for rank in (0, 1):
+        rec = fits.record("lightning_mccl", "mccl_powersgd", rank)
+        assert (rec["backend"], rec["comm_hooks"]) == ("mccl", ["powerSGD_hook"])
+        torch.testing.assert_close(rec["params"], gloo["params"], atol=1e-5, rtol=1e-5)
+        assert max_diff(rec["params"], plain["params"]) > 1e-4  # the low-rank approximation trained differently
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -219,16 +247,32 @@ def test_arguments_compress_timeout_ddp_kwargs_and_hint():
 
     from lightning_mccl.lightning import MCCLStrategy
 
-    s = MCCLStrategy(compress="fp16")
+    s = MCCLStrategy(compress="fp16")  # the engine's wire compression: no hook
+    assert (s._ddp_comm_hook, s._ddp_comm_wrapper, s._wire_dtype) == (None, None, "fp16")
+    s = MCCLStrategy(compress="fp16", process_group_backend="gloo")  # no engine: torch's hook
+    assert (s._ddp_comm_hook, s._wire_dtype) == (default_hooks.fp16_compress_hook, None)
+    s = MCCLStrategy(compress="fp16_hook")
     assert (s._ddp_comm_hook, s._ddp_comm_wrapper) == (default_hooks.fp16_compress_hook, None)
-    s = MCCLStrategy(compress="bf16", ddp_comm_hook=powerSGD_hook.powerSGD_hook)
+    s = MCCLStrategy(compress="bf16_hook", ddp_comm_hook=powerSGD_hook.powerSGD_hook)
     assert (s._ddp_comm_hook, s._ddp_comm_wrapper) == (powerSGD_hook.powerSGD_hook, default_hooks.bf16_compress_wrapper)
+    s = MCCLStrategy(compress="powersgd", compress_options={"matrix_approximation_rank": 4})
+    assert s._ddp_comm_hook is powerSGD_hook.powerSGD_hook and s._wire_dtype is None
+    state = s._ddp_comm_state
+    assert isinstance(state, powerSGD_hook.PowerSGDState) and state.process_group is None
+    assert (state.matrix_approximation_rank, state.start_powerSGD_iter, state.use_error_feedback,
+            state.warm_start) == (4, 10, True, True)
     assert MCCLStrategy()._ddp_comm_hook is None
-    with pytest.raises(ValueError, match=r"compress='int8'\): expected one of \('bf16', 'fp16'\)"):
+    with pytest.raises(ValueError, match=r"compress='int8'\): expected one of \('bf16', 'fp16', 'bf16_hook'"):
         MCCLStrategy(compress="int8")
     with pytest.raises(ValueError, match="give either compress or ddp_comm_wrapper"):
-        MCCLStrategy(compress="bf16", ddp_comm_hook=powerSGD_hook.powerSGD_hook,
+        MCCLStrategy(compress="bf16_hook", ddp_comm_hook=powerSGD_hook.powerSGD_hook,
                      ddp_comm_wrapper=default_hooks.fp16_compress_wrapper)
+    with pytest.raises(ValueError, match=r"\['rank'\] are not PowerSGDState arguments"):
+        MCCLStrategy(compress="powersgd", compress_options={"rank": 4})
+    with pytest.raises(ValueError, match="takes no compress_options"):
+        MCCLStrategy(compress="bf16", compress_options={"warm_start": False})
+    with pytest.raises(ValueError, match="leave ddp_comm_hook"):
+        MCCLStrategy(compress="powersgd", ddp_comm_hook=powerSGD_hook.powerSGD_hook)
     assert MCCLStrategy(timeout=90)._timeout == timedelta(seconds=90)
     assert MCCLStrategy(timeout=timedelta(minutes=2))._timeout == timedelta(minutes=2)
     for bad in (0, -1, "soon", True):
@@ -240,6 +284,25 @@ def test_arguments_compress_timeout_ddp_kwargs_and_hint():
     s = MCCLStrategy(static_graph=True, bucket_cap_mb=4, forward_sync_buffers=False)
     assert s._ddp_kwargs == {"find_unused_parameters": False, "static_graph": True, "gradient_as_bucket_view": False,
                              "bucket_cap_mb": 4, "forward_sync_buffers": False}
+
+
+def test_wire_compression_conflicts_are_named(monkeypatch):
+    from lightning_mccl import _backend
+    from lightning_mccl.lightning import compress
+
+    monkeypatch.setenv("MCCL_WIRE_DTYPE", "fp16")
+    monkeypatch.setattr(_backend, "_engine_wire", None)
+    with pytest.raises(ValueError, match="compress='bf16'\\) but MCCL_WIRE_DTYPE=fp16 in the environment"):
+        compress.set_engine_wire("bf16")
+    compress.set_engine_wire("float16")  # the same setting, spelled as the engine also accepts it
+    monkeypatch.delenv("MCCL_WIRE_DTYPE")
+    monkeypatch.setattr(_backend, "_engine_wire", "off")  # a group started earlier, uncompressed
+    with pytest.raises(ValueError, match="already started with MCCL_WIRE_DTYPE=off"):
+        compress.set_engine_wire("bf16")
+    compress.set_engine_wire(None)  # compress unset: nothing to check
+    monkeypatch.setattr(_backend, "_engine_wire", None)
+    compress.set_engine_wire("bf16")
+    assert os.environ["MCCL_WIRE_DTYPE"] == "bf16"
 
 
 def test_lightning_refuses_its_ddp_on_the_mps_stand_in(mps_stand_in, tmp_path):
@@ -295,7 +358,7 @@ def test_lightning_cli_on_mps_string_and_class_path(mps_stand_in, tmp_path):
         cli = LightningCLI(TinyModel, run=False, save_config_callback=None, args=common + [f"--config={config}"])
         strategy = cli.trainer.strategy
         assert type(strategy) is MCCLStrategy and isinstance(cli.trainer.accelerator, MPSAccelerator)
-        assert (strategy.compress, strategy._ddp_comm_hook) == ("bf16", default_hooks.bf16_compress_hook)
+        assert (strategy.compress, strategy._ddp_comm_hook, strategy._wire_dtype) == ("bf16", None, "bf16")
         assert strategy._timeout == timedelta(seconds=60)
         cli = LightningCLI(TinyModel, run=False, save_config_callback=None,
                            args=common + ["--trainer.strategy=mccl_fp16_compress"])

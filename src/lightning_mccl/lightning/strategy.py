@@ -55,20 +55,12 @@ from lightning.pytorch.trainer.connectors import accelerator_connector as _conne
 from lightning.pytorch.utilities.exceptions import _augment_message
 
 from .. import _backend  # importing the lightning_mccl package registered the "mccl" backend
+from . import compress as _compress
 
 log = logging.getLogger(__name__)
 
 BACKEND = _backend.BACKEND_NAME
-COMPRESS_CHOICES = ("bf16", "fp16")
-
-
-def _compress_hooks(compress: str) -> tuple:
-    """(hook, wrapper) of torch's default_hooks for `compress`."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    if compress == "bf16":
-        return default_hooks.bf16_compress_hook, default_hooks.bf16_compress_wrapper
-    return default_hooks.fp16_compress_hook, default_hooks.fp16_compress_wrapper
+COMPRESS_CHOICES = _compress.CHOICES
 
 
 class MCCLStrategy(DDPStrategy):
@@ -79,8 +71,12 @@ class MCCLStrategy(DDPStrategy):
             as DDPStrategy does it (device_id included); device_ids, comm hooks and `compress` still work as
             described here (the tests use "gloo" this way as a reference for `compress`).
         timeout: collective timeout, a timedelta or seconds.
-        compress: "bf16" or "fp16" sends gradients in that half type (torch's `bf16_compress_hook` /
-            `fp16_compress_hook`); with `ddp_comm_hook` also given, the matching `*_compress_wrapper` wraps it.
+        compress: how gradients travel (compress.py): "bf16"/"fp16" the engine's wire compression
+            (MCCL_WIRE_DTYPE, no Python hook; torch's compress hook over another backend), "bf16_hook"/
+            "fp16_hook" torch's compress hooks (with `ddp_comm_hook`, its `*_compress_wrapper`), "powersgd"
+            torch's PowerSGD hook with its state.
+        compress_options: for "powersgd", PowerSGDState arguments (default: matrix_approximation_rank 1,
+            start_powerSGD_iter 10, use_error_feedback and warm_start True).
         find_unused_parameters, static_graph, gradient_as_bucket_view, bucket_cap_mb: passed to
             `DistributedDataParallel`, like any other keyword argument (`forward_sync_buffers`, ...).
     """
@@ -101,26 +97,17 @@ class MCCLStrategy(DDPStrategy):
         process_group_backend: Optional[str] = BACKEND,
         timeout: Optional[Union[timedelta, float]] = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
-        compress: Optional[Literal["bf16", "fp16"]] = None,
+        compress: Optional[Literal["bf16", "fp16", "bf16_hook", "fp16_hook", "powersgd"]] = None,
+        compress_options: Optional[dict] = None,
         find_unused_parameters: bool = False,
         static_graph: bool = False,
         gradient_as_bucket_view: bool = False,
         bucket_cap_mb: Optional[float] = None,
         **kwargs: Any,
     ) -> None:
-        if compress is not None:
-            if compress not in COMPRESS_CHOICES:
-                raise ValueError(f"MCCLStrategy(compress={compress!r}): expected one of {COMPRESS_CHOICES} or None")
-            hook, wrapper = _compress_hooks(compress)
-            if ddp_comm_hook is None:
-                ddp_comm_hook = hook
-            elif ddp_comm_wrapper is not None:
-                raise ValueError(
-                    f"MCCLStrategy(compress={compress!r}) with both ddp_comm_hook and ddp_comm_wrapper: compress"
-                    " would replace the wrapper; give either compress or ddp_comm_wrapper"
-                )
-            else:
-                ddp_comm_wrapper = wrapper
+        plan = _compress.plan(compress, compress_options, process_group_backend == BACKEND, ddp_comm_hook,
+                              ddp_comm_wrapper, ddp_comm_state)
+        ddp_comm_hook, ddp_comm_wrapper, ddp_comm_state = plan.hook, plan.wrapper, plan.state
         if timeout is not None and not isinstance(timeout, timedelta):
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
                 raise ValueError(
@@ -150,6 +137,8 @@ class MCCLStrategy(DDPStrategy):
             **kwargs,
         )
         self.compress = compress
+        self.compress_options = plan.options
+        self._wire_dtype = plan.wire
 
     def _uses_mccl(self) -> bool:
         return self._get_process_group_backend() == BACKEND
@@ -175,6 +164,7 @@ class MCCLStrategy(DDPStrategy):
         self.set_world_ranks()
         self._process_group_backend = BACKEND
         assert self.cluster_environment is not None
+        _compress.set_engine_wire(self._wire_dtype)  # read by the engine when the group starts
         created = not torch.distributed.is_initialized()
         # No device_id: MCCL needs no device binding, and a bound default group binds every later group too.
         _init_dist_connection(self.cluster_environment, BACKEND, timeout=self._timeout)
@@ -234,11 +224,11 @@ class MCCLStrategy(DDPStrategy):
                     find_unused_parameters=fup,
                     start_method=start_method,
                 )
-        for compress in COMPRESS_CHOICES:
+        for compress in _compress.WIRE:
             strategy_registry.register(
                 f"mccl_{compress}_compress",
                 cls,
-                description=f"DDP over mccl, gradients all-reduced in {compress}",
+                description=f"DDP over mccl, gradients all-reduced in {compress} on the wire",
                 override=True,
                 compress=compress,
             )

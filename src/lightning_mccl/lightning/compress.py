@@ -1,0 +1,111 @@
+"""`MCCLStrategy(compress=...)`: how the gradients travel.
+
+    "bf16", "fp16"            the engine's wire compression (MCCL_WIRE_DTYPE): float32 gradients travel as
+                              bf16/fp16, each partial sum rounded once per hop, summed in float32; every rank
+                              ends with the same bits. No Python hook: DDP's buckets go to the engine as they
+                              are. Over another backend (Gloo as a reference) torch's compress hook instead.
+    "bf16_hook", "fp16_hook"  torch's `bf16_compress_hook` / `fp16_compress_hook` (the bucket cast in Python,
+                              all-reduced as a 16-bit tensor); with a ddp_comm_hook, its `*_compress_wrapper`.
+    "powersgd"                torch's `powerSGD_hook` with a `PowerSGDState` built from `compress_options`
+                              (defaults below: rank 1, error feedback, warm start, PowerSGD from step 10).
+
+The engine reads MCCL_WIRE_DTYPE once per process, when the first mccl process group starts: the strategy
+sets it before it creates the group, and a process whose engine already runs with another setting (a
+second fit with another `compress` in the same process) gets a ValueError, never a silent no-op.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Optional
+
+CHOICES = ("bf16", "fp16", "bf16_hook", "fp16_hook", "powersgd")
+WIRE = ("bf16", "fp16")
+WIRE_ENV = "MCCL_WIRE_DTYPE"
+POWERSGD_DEFAULTS: Dict[str, Any] = {"matrix_approximation_rank": 1, "start_powerSGD_iter": 10,
+                                     "use_error_feedback": True, "warm_start": True}
+
+
+@dataclass
+class Plan:
+    """What the strategy does for one `compress` choice: a wire type for the engine, or hook/state/wrapper."""
+
+    wire: Optional[str] = None
+    hook: Optional[Callable] = None
+    wrapper: Optional[Callable] = None
+    state: Optional[object] = None
+    options: Dict[str, Any] = field(default_factory=dict)
+
+
+def plan(compress: Optional[str], options: Optional[dict], uses_mccl: bool, hook: Optional[Callable],
+         wrapper: Optional[Callable], state: Optional[object]) -> Plan:
+    """ValueError naming the argument for a bad choice, options that do not apply, or a clash with the hook
+    arguments."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if compress is None:
+        if options:
+            raise ValueError("MCCLStrategy(compress_options=...) needs compress='powersgd'")
+        return Plan(hook=hook, wrapper=wrapper, state=state)
+    if compress not in CHOICES:
+        raise ValueError(f"MCCLStrategy(compress={compress!r}): expected one of {CHOICES} or None")
+    if options and compress != "powersgd":
+        raise ValueError(f"MCCLStrategy(compress={compress!r}) takes no compress_options (only 'powersgd' does)")
+    if compress in WIRE and uses_mccl:
+        return Plan(wire=compress, hook=hook, wrapper=wrapper, state=state)
+    if compress == "powersgd":
+        if hook is not None or state is not None:
+            raise ValueError("MCCLStrategy(compress='powersgd') brings its own hook and state: leave ddp_comm_hook "
+                             "and ddp_comm_state unset")
+        unknown = sorted(set(options or {}) - set(_powersgd_parameters()))
+        if unknown:
+            raise ValueError(f"MCCLStrategy(compress_options=...): {unknown} are not PowerSGDState arguments "
+                             f"({', '.join(_powersgd_parameters())})")
+        opts = {**POWERSGD_DEFAULTS, **(options or {})}
+        return Plan(hook=powerSGD_hook.powerSGD_hook, wrapper=wrapper, options=opts,
+                    state=powerSGD_hook.PowerSGDState(process_group=None, **opts))
+    half = compress.replace("_hook", "")
+    hooks = {"bf16": (default_hooks.bf16_compress_hook, default_hooks.bf16_compress_wrapper),
+             "fp16": (default_hooks.fp16_compress_hook, default_hooks.fp16_compress_wrapper)}[half]
+    if hook is None:
+        return Plan(hook=hooks[0], wrapper=wrapper, state=state)
+    if wrapper is not None:
+        raise ValueError(f"MCCLStrategy(compress={compress!r}) with both ddp_comm_hook and ddp_comm_wrapper: "
+                         f"compress would replace the wrapper; give either compress or ddp_comm_wrapper")
+    return Plan(hook=hook, wrapper=hooks[1], state=state)
+
+
+def _powersgd_parameters() -> list:
+    import inspect
+
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    return [p for p in inspect.signature(powerSGD_hook.PowerSGDState.__init__).parameters
+            if p not in ("self", "process_group")]
+
+
+def set_engine_wire(wire: Optional[str]) -> None:
+    """Before the mccl group is created: MCCL_WIRE_DTYPE for this process's engine. ValueError when the
+    environment, or an engine that already started, says otherwise (every rank runs the same code, so every
+    rank sets the same value; the engine checks that on the wire too)."""
+    from .. import _backend
+
+    if wire is None:
+        return  # compress unset: the environment decides, as without the strategy
+    want = _normal(wire)
+    started = _backend.engine_wire_dtype()
+    if started is not None and _normal(started) != want:
+        raise ValueError(f"MCCLStrategy(compress={wire!r}): this process's mccl engine already started with "
+                         f"{WIRE_ENV}={started} (it is read once per process); use one compress setting per "
+                         f"process, or set {WIRE_ENV} before the first process group")
+    env = os.environ.get(WIRE_ENV)
+    if env is not None and _normal(env) != want:
+        raise ValueError(f"MCCLStrategy(compress={wire!r}) but {WIRE_ENV}={env} in the environment: remove the "
+                         f"variable or make them agree")
+    os.environ[WIRE_ENV] = wire
+
+
+def _normal(value: str) -> str:
+    v = value.strip().lower()
+    return {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "none": "off", "float32": "off", "fp32": "off",
+            "": "off"}.get(v, v)
