@@ -27,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+from ddp_vit import _kv  # noqa: E402
 from sweep import ddp_series, report  # noqa: E402
 from sweep.ddp_series import COMPUTE, DDPSeries  # noqa: E402
 
@@ -137,13 +138,6 @@ class _EnvOnly:
 
     def __init__(self, env):
         self.env_dict = env
-
-
-def _kv(item: str):
-    k, sep, v = item.partition("=")
-    if not sep or not k:
-        raise ValueError(f"--env {item!r}: write KEY=VALUE")
-    return k, v
 
 
 def add_wire_time(rows: list, link_gbps) -> list:
