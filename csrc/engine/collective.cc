@@ -110,7 +110,21 @@ RequestPtr Collective::recv_for_reduce(int peer, void* landing, size_t bytes, ui
   return request;
 }
 
-void Collective::reduce_received(void* dst, const RequestPtr& received, size_t bytes) {
+char* Collective::wire_buffer(size_t bytes) {
+  if (!compressed() || bytes == 0) return nullptr;
+  return wire_->take(bytes / sizeof(float) * dtype_size(static_cast<DataType>(identity_.wire_dtype)));
+}
+
+RequestPtr Collective::send_narrowed(int peer, const void* data, char* narrowed, size_t bytes, uint64_t offset,
+                                     uint32_t step) {
+  if (narrowed == nullptr) return send(peer, data, bytes, offset, step);
+  const size_t wire_bytes = bytes / sizeof(float) * dtype_size(static_cast<DataType>(identity_.wire_dtype));
+  RequestPtr request = transport_.post_send(peer, frame(offset, identity_.count, step), narrowed, wire_bytes);
+  wire_->hold(request);  // the buffer wire_buffer() took last
+  return request;
+}
+
+void Collective::reduce_received(void* dst, const RequestPtr& received, size_t bytes, char* narrowed) {
   if (!compressed()) return reduce_into(dst, received->data, bytes / dtype_size(dtype()), dtype(), op());
   const auto wire_type = static_cast<DataType>(identity_.wire_dtype);
   constexpr size_t kTile = 4096;  // floats: 16 KiB, stays in L1 between the widen and the reduction
@@ -122,6 +136,7 @@ void Collective::reduce_received(void* dst, const RequestPtr& received, size_t b
     const size_t n = std::min(kTile, count - i);
     widen_to_float32(tile, src + i * dtype_size(wire_type), n, wire_type);
     reduce_into(out + i, tile, n, DataType::kFloat32, op());
+    if (narrowed) narrow_float32(narrowed + i * dtype_size(wire_type), out + i, n, wire_type);
   }
   wire_->release(received);
 }

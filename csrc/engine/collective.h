@@ -78,7 +78,15 @@ class Collective {
   // in `landing`; compressed it stays in a wire buffer and is widened tile by tile inside the reduction
   // (one pass over memory, not a float32 copy first).
   RequestPtr recv_for_reduce(int peer, void* landing, size_t bytes, uint64_t offset, uint32_t step);
-  void reduce_received(void* dst, const RequestPtr& received, size_t bytes);
+  // `narrowed` (from wire_buffer, or null): the result is also narrowed into it in the same pass, for
+  // send_narrowed to send on (the reduce-scatter's forward of a partial sum).
+  void reduce_received(void* dst, const RequestPtr& received, size_t bytes, char* narrowed = nullptr);
+  // A wire buffer for `bytes` of float32 data; null when uncompressed. Post it (send_narrowed) before the
+  // next wire_buffer or send.
+  char* wire_buffer(size_t bytes);
+  // send() of `data` (float32, `bytes`) whose wire form is already in `narrowed` (null: send `data`).
+  RequestPtr send_narrowed(int peer, const void* data, char* narrowed, size_t bytes, uint64_t offset,
+                           uint32_t step);
   RequestPtr recv_counted(int peer, void* data, size_t bytes, uint64_t count, uint32_t step);
   void wait(const RequestPtr& request) { transport_.wait(request, deadline_); }
   void wait_all(const std::vector<RequestPtr>& requests) { transport_.wait_all(requests, deadline_); }

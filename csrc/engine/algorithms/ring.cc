@@ -17,8 +17,8 @@
 // into its final place (zero-copy); a received piece is forwarded at step s+1 from where it landed.
 //
 // Wire compression (MCCL_WIRE_DTYPE): pieces travel as bf16/fp16 (MCCL_CHUNK_BYTES of them on the wire).
-// The reduce-scatter widens a received piece inside the reduction (tile by tile), and rounds each partial
-// sum once per hop when it narrows it for the next; the all-gather first rounds this rank's own segment
+// The reduce-scatter widens a received piece inside the reduction and narrows the partial sum for the next
+// hop in the same pass (tile by tile: each partial sum is rounded once per hop); the all-gather first rounds this rank's own segment
 // in place, then forwards each received piece as it came (no second conversion), widening it into place,
 // so every rank ends with the same bits.
 #include <algorithm>
@@ -89,8 +89,10 @@ void ring_reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32
     for (size_t p = 0; p < pieces.count(seg); ++p) {
       size_t at = pieces.begin(seg, p), len = pieces.length(seg, p);
       c.wait(recvs[s][p]);
-      c.reduce_received(seg.data + at, recvs[s][p], len);
-      if (s + 1 < steps) sends.push_back(c.send(right, seg.data + at, len, seg.offset + at, step_base + s + 1));
+      char* narrowed = s + 1 < steps ? c.wire_buffer(len) : nullptr;  // compressed: narrowed in the same pass
+      c.reduce_received(seg.data + at, recvs[s][p], len, narrowed);
+      if (s + 1 < steps)
+        sends.push_back(c.send_narrowed(right, seg.data + at, narrowed, len, seg.offset + at, step_base + s + 1));
     }
     if (s + slots < steps) post_recvs(s + slots);
   }
