@@ -23,7 +23,8 @@ struct Config {
   // broadcast/reduce up to it use binomial trees. 0 (default): allreduce by world size from the measured
   // table (rd_max_bytes_for in algorithms/allreduce.cc), broadcast/reduce up to 64 KiB.
   size_t rd_max_bytes = 0;
-  // MCCL_CHUNK_BYTES: pipelining granularity of the ring (each ring step moves its segment in such pieces).
+  // MCCL_CHUNK_BYTES: pipelining granularity of the ring (each ring step moves its segment in such pieces),
+  // in bytes on the wire: a compressed float32 piece holds chunk_bytes / 2 elements.
   size_t chunk_bytes = 512 * 1024;
   // MCCL_NSOCKS: TCP connections ("lanes") between every two ranks, 1-16. A collective's pieces are spread
   // over them (by step and piece), each lane with its own sender thread when there is one, so several
@@ -37,8 +38,9 @@ struct Config {
   size_t socket_buffer_bytes = 0;
   // MCCL_MAX_MESSAGE_BYTES: largest frame payload accepted from a peer before any allocation.
   uint64_t max_message_bytes = uint64_t(1) << 36;
-  // MCCL_WIRE_DTYPE: off | bf16 | fp16. Float32 payloads of collectives travel in this type (half the
-  // bytes), rounded to nearest even; kFloat32 means off. Point-to-point send/recv are never compressed.
+  // MCCL_WIRE_DTYPE: off | bf16 | fp16. Float32 payloads of reductions (allreduce, reduce-scatter, reduce)
+  // travel in this type (half the bytes), rounded to nearest even; kFloat32 means off. The other
+  // collectives and point-to-point send/recv are never compressed.
   DataType wire_dtype = DataType::kFloat32;
   // MCCL_SPIN_US: how long a waiting thread keeps polling (yielding the CPU between polls) before it
   // sleeps: the progress thread waiting for a peer's frame or for the next collective, and a caller
