@@ -199,6 +199,61 @@ Staging unpack_into(const at::Tensor& packed, const std::vector<at::Tensor>& ten
   return staging;
 }
 
+// Runs the completion of each WorkMCCL (copy-back to the device, then the Future, whose callbacks
+// run inline) off the engine's progress thread. A callback may itself issue a collective and wait
+// for it, as PowerSGD's hooks do; so a blocked task never stalls the others: when no worker is idle,
+// the pool starts another one (up to kMaxThreads). One pool per process, never torn down, so that a
+// process group destroyed from inside a callback does not join its own thread.
+class CompletionPool {
+ public:
+  static CompletionPool& instance() {
+    static auto* pool = new CompletionPool();
+    return *pool;
+  }
+
+  void post(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+    // A worker that has finished its task and is coming back for the next (returning_) takes this one:
+    // counting it avoids starting a thread that would only ever idle. A worker still inside a task is
+    // not counted: that task may wait on this very completion.
+    if (idle_ + returning_.load() == 0 && threads_ < kMaxThreads) {
+      ++threads_;
+      std::thread([this] {
+        mccl::set_thread_name("mccl-complete");
+        work();
+      }).detach();
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  static constexpr int kMaxThreads = 64;
+
+  void work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      ++idle_;
+      cv_.wait(lock, [this] { return !tasks_.empty(); });
+      --idle_;
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      ++returning_;
+      lock.lock();
+      --returning_;
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  int idle_ = 0;
+  std::atomic<int> returning_{0};  // finished a task, not yet back under the lock
+  int threads_ = 0;
+};
+
 }  // namespace
 
 // ---- WorkMCCL -----------------------------------------------------------------------------------
@@ -219,25 +274,66 @@ void WorkMCCL::complete(std::exception_ptr error) {
   else future_->markCompleted(c10::IValue(outputs_));
 }
 
+void WorkMCCL::set_staged(std::function<void()> copy_back) {
+  copy_back_ = std::move(copy_back);
+  future_wanted_ = staged_ = true;
+}
+
+bool WorkMCCL::attach(mccl::WorkPtr engine_work) {
+  std::lock_guard<std::mutex> lock(mu_);
+  engine_work_ = std::move(engine_work);
+  attached_ = true;
+  return engine_done_ && future_wanted_;
+}
+
 bool WorkMCCL::engine_finished(std::exception_ptr error) {
   std::lock_guard<std::mutex> lock(mu_);
   engine_done_ = true;
   engine_error_ = error ? to_torch(error) : nullptr;
-  return future_wanted_;
+  return future_wanted_ && attached_;
+}
+
+void WorkMCCL::complete_on_pool(c10::intrusive_ptr<WorkMCCL> self) {
+  CompletionPool::instance().post([self = std::move(self)] {
+    std::exception_ptr error;
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      error = self->engine_error_;
+    }
+    {
+      mccl::Work::CompletionScope scope(*self->engine_work_);
+      if (!error && self->copy_back_) {
+        try {
+          self->copy_back_();
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      self->complete(error);
+    }
+    self->engine_work_->completion_returned();
+  });
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkMCCL::getFuture() {
   std::exception_ptr error;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    const bool first = !future_requested_;
+    future_requested_ = true;
+    // Not finished yet (or staged: completed on the pool anyway): the pool completes it, and until
+    // that completion returns, the collectives issued after this one wait (issue_order.h).
     if (future_wanted_ || !engine_done_) {
-      future_wanted_ = true;  // engine_finished() will have the pool complete it
+      future_wanted_ = true;
+      if (first) engine_work_->hold_successors();
       return future_;
     }
     future_wanted_ = true;
     error = engine_error_;
   }
-  complete(error);  // finished before anyone asked: complete it here, on the caller's thread
+  // Finished before anyone asked: complete it here, on the caller's thread. It has no callbacks yet;
+  // those added now run inline on this thread, in its issue order.
+  complete(error);
   return future_;
 }
 
@@ -301,61 +397,6 @@ class StoreAdapter : public mccl::Store {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
-// Runs the completion of each WorkMCCL (copy-back to the device, then the Future, whose callbacks
-// run inline) off the engine's progress thread. A callback may itself issue a collective and wait
-// for it, as PowerSGD's hooks do; so a blocked task never stalls the others: when no worker is idle,
-// the pool starts another one (up to kMaxThreads). One pool per process, never torn down, so that a
-// process group destroyed from inside a callback does not join its own thread.
-class CompletionPool {
- public:
-  static CompletionPool& instance() {
-    static auto* pool = new CompletionPool();
-    return *pool;
-  }
-
-  void post(std::function<void()> task) {
-    std::lock_guard<std::mutex> lock(mu_);
-    tasks_.push_back(std::move(task));
-    // A worker that has finished its task and is coming back for the next (returning_) takes this one:
-    // counting it avoids starting a thread that would only ever idle. A worker still inside a task is
-    // not counted: that task may wait on this very completion.
-    if (idle_ + returning_.load() == 0 && threads_ < kMaxThreads) {
-      ++threads_;
-      std::thread([this] {
-        mccl::set_thread_name("mccl-complete");
-        work();
-      }).detach();
-    }
-    cv_.notify_one();
-  }
-
- private:
-  static constexpr int kMaxThreads = 64;
-
-  void work() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
-      ++idle_;
-      cv_.wait(lock, [this] { return !tasks_.empty(); });
-      --idle_;
-      auto task = std::move(tasks_.front());
-      tasks_.pop_front();
-      lock.unlock();
-      task();
-      ++returning_;
-      lock.lock();
-      --returning_;
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
-  int idle_ = 0;
-  std::atomic<int> returning_{0};  // finished a task, not yet back under the lock
-  int threads_ = 0;
-};
-
 // Queues one engine operation for a WorkMCCL. When it ends, the completion pool copies staged outputs
 // back to their devices and completes the Work's future; unstaged work completes its future lazily.
 template <typename Launch>
@@ -364,23 +405,18 @@ c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor>
   auto work = c10::make_intrusive<WorkMCCL>(type, std::move(outputs), timeout);
   WorkMCCL* raw = work.get();
   c10::raw::intrusive_ptr::incref(raw);  // the engine callback owns one reference until it runs
-  if (std::any_of(staging->begin(), staging->end(), [](const Staged& s) { return s.copy_back; })) work->set_staged();
+  if (std::any_of(staging->begin(), staging->end(), [](const Staged& s) { return s.copy_back; })) {
+    work->set_staged([staging] {
+      for (const auto& s : *staging) unstage(s);
+    });
+  }
   mccl::Callback done = [raw, staging](std::exception_ptr error) {
     auto owned = c10::intrusive_ptr<WorkMCCL>::reclaim(raw);
-    if (!owned->engine_finished(error)) return;  // unstaged, no Future asked for yet
-    CompletionPool::instance().post([owned = std::move(owned), staging, error]() mutable {
-      if (!error) {
-        try {
-          for (const auto& s : *staging) unstage(s);
-        } catch (...) {
-          error = std::current_exception();
-        }
-      }
-      owned->complete(error);
-    });
+    if (owned->engine_finished(error)) owned->complete_on_pool(std::move(owned));
   };
+  mccl::WorkPtr engine_work;
   try {
-    work->attach(start(std::move(done)));
+    engine_work = start(std::move(done));
   } catch (const mccl::Error& e) {
     c10::intrusive_ptr<WorkMCCL>::reclaim(raw);  // the callback never runs
     throw_torch(e);
@@ -388,6 +424,7 @@ c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor>
     c10::intrusive_ptr<WorkMCCL>::reclaim(raw);
     throw;
   }
+  if (work->attach(std::move(engine_work))) work->complete_on_pool(work);  // it finished first
   return work;
 }
 
