@@ -9,6 +9,15 @@
 #include "thread_name.h"
 
 namespace mccl {
+namespace {
+thread_local std::function<void()> t_start_after;  // Communicator::StartAfter
+}  // namespace
+
+Communicator::StartAfter::StartAfter(std::function<void()> ready) : previous_(std::move(t_start_after)) {
+  t_start_after = std::move(ready);
+}
+
+Communicator::StartAfter::~StartAfter() { t_start_after = std::move(previous_); }
 
 Communicator::Communicator(Store& store, int rank, int size, std::chrono::milliseconds timeout,
                            const std::string& route_to, const Config& config)
@@ -102,7 +111,7 @@ WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, 
     id.count = count;
     if (dtype == DataType::kFloat32 && config_.wire_dtype != DataType::kFloat32)
       id.wire_dtype = static_cast<uint8_t>(config_.wire_dtype);
-    order_->add(PendingCollective{id, std::move(body), work}, order_);
+    order_->add(PendingCollective{id, std::move(body), work, t_start_after}, order_);
     wake = !spinning_;
   }
   if (wake) transport_->wake();
@@ -347,6 +356,7 @@ void Communicator::run_op(PendingCollective& op) {
     transport_->set_context(op.identity);
     if (log_enabled(LogLevel::kTrace)) log(LogLevel::kTrace, "rank ", rank_, " starts ", describe(op.identity));
     try {
+      if (op.ready) op.ready();
       transport_->check_arrived_frames();
       Collective c(*transport_, config_, scratch_, &wire_buffers_, op.identity, Clock::now() + timeout_);
       op.body(c);

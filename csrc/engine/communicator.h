@@ -68,6 +68,20 @@ class Communicator {
   // peer may be kAnySource; Work::source() then tells who sent it.
   WorkPtr recv(void* buf, size_t count, DataType dtype, int peer, uint64_t tag, Callback done = nullptr);
 
+  // While one lives on a thread, the collectives issued there first run `ready` on the progress thread,
+  // right before they start (the torch layer waits there for device copies into their buffers, so the
+  // caller's thread does not). An exception from `ready` fails the collective, like a transport error.
+  class StartAfter {
+   public:
+    explicit StartAfter(std::function<void()> ready);
+    ~StartAfter();
+    StartAfter(const StartAfter&) = delete;
+    StartAfter& operator=(const StartAfter&) = delete;
+
+   private:
+    std::function<void()> previous_;
+  };
+
   // Fails everything pending with kAborted, shuts the sockets, stops the thread. Idempotent.
   void abort();
   // Lets queued work finish (up to the timeout), then stops the thread and closes the sockets.

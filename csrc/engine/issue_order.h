@@ -30,6 +30,7 @@ struct PendingCollective {
   FrameHeader identity;  // seq is set when it starts, in execution order
   std::function<void(Collective&)> body;
   WorkPtr work;
+  std::function<void()> ready;  // runs on the progress thread right before it starts (may be empty)
 };
 
 class IssueOrder;
