@@ -9,6 +9,15 @@
 #include "thread_name.h"
 
 namespace mccl {
+namespace {
+thread_local std::function<void()> t_start_after;  // Communicator::StartAfter
+}  // namespace
+
+Communicator::StartAfter::StartAfter(std::function<void()> ready) : previous_(std::move(t_start_after)) {
+  t_start_after = std::move(ready);
+}
+
+Communicator::StartAfter::~StartAfter() { t_start_after = std::move(previous_); }
 
 Communicator::Communicator(Store& store, int rank, int size, std::chrono::milliseconds timeout,
                            const std::string& route_to, const Config& config)
@@ -33,6 +42,10 @@ Communicator::Communicator(Store& store, int rank, int size, std::chrono::millis
       send_thread_bytes ? "for frames of " + std::to_string(send_thread_bytes) + " bytes or more" : std::string("off"),
       " (", local_ranks, " ranks and ", cpus, " CPUs on this host)");
   transport_->set_on_wakeup([this] { drain_commands(); });
+  order_ = std::make_shared<IssueOrder>([this] {
+    transport_->wake();
+    cv_.notify_all();
+  });
   thread_ = std::thread([this] {
     set_thread_name("mccl-progress");
     run();
@@ -49,14 +62,15 @@ int Communicator::ranks_on_this_host() const {
 }
 
 Communicator::~Communicator() {
-  bool idle;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    idle = ops_.empty();
-  }
   // Nobody can wait on work that is still queued at destruction: do not make them wait for peers.
-  if (idle) shutdown();
+  if (order_->queued() == 0) shutdown();
   else abort();
+  order_->detach();
+}
+
+uint64_t Communicator::collectives_issued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return issued_;
 }
 
 // ---- argument checks (caller's thread) -----------------------------------------------------------
@@ -90,7 +104,7 @@ WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, 
     FrameHeader id;
     id.channel = static_cast<uint8_t>(Channel::kCollective);
     id.kind = static_cast<uint8_t>(kind);
-    id.seq = next_seq_++;
+    ++issued_;
     id.dtype = static_cast<uint8_t>(dtype);
     id.reduce_op = static_cast<uint8_t>(op);
     id.root = static_cast<uint16_t>(root);
@@ -101,7 +115,7 @@ WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, 
                            kind == CollectiveKind::kReduceScatter;
     if (dtype == DataType::kFloat32 && config_.wire_dtype != DataType::kFloat32 && reduction)
       id.wire_dtype = static_cast<uint8_t>(config_.wire_dtype);
-    ops_.push_back(Op{id, std::move(body), work});
+    order_->add(PendingCollective{id, std::move(body), work, t_start_after}, order_);
     wake = !spinning_;
   }
   if (wake) transport_->wake();
@@ -250,26 +264,22 @@ void Communicator::drain_commands() {
 
 void Communicator::run() {
   while (true) {
-    Op op;
-    bool have_op = false;
+    IssueOrder::Next next;
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (transport_->fatal_error()) {
-        cv_.wait(lock, [this] { return stopping_ || !ops_.empty() || !commands_.empty(); });
+        cv_.wait(lock, [this] { return stopping_ || order_->queued() > 0 || !commands_.empty(); });
       }
-      if (!ops_.empty()) {
-        op = std::move(ops_.front());
-        ops_.pop_front();
-        have_op = true;
-      } else if (stopping_) {
-        break;
-      }
+      next = order_->next(next_seq_, /*ignore_gates=*/transport_->fatal_error() != nullptr);
+      if (!next.run && stopping_ && order_->queued() == 0) break;
       // Decided under the lock that enqueue() takes: an op queued while this says "spinning" is seen at
       // the next round without a wake, one queued after it stops spinning gets the wake.
-      spinning_ = !have_op && config_.spin_us > 0 && Clock::now() < spin_until_;
+      spinning_ = !next.run && config_.spin_us > 0 && Clock::now() < spin_until_;
     }
-    if (have_op) {
-      run_op(op);
+    if (next.run) {
+      ++next_seq_;
+      run_op(next.op);
+      order_->finished();
       spin_until_ = Clock::now() + std::chrono::microseconds(config_.spin_us);
       continue;
     }
@@ -283,8 +293,9 @@ void Communicator::run() {
         std::this_thread::yield();
         continue;
       }
-      transport_->progress(p2p_poll_timeout_ms());
+      transport_->progress(poll_timeout_ms(next));
       check_p2p_deadlines();
+      check_gate_deadline(next);
     } catch (...) {
       transport_->fail(std::current_exception());
       std::lock_guard<std::mutex> lock(mu_);
@@ -296,6 +307,22 @@ void Communicator::run() {
   transport_->fail(std::make_exception_ptr(Error(
                        Error::Kind::kAborted, "MCCL aborted: rank " + std::to_string(rank_) + "'s communicator was shut down")),
                    /*notify_peers=*/false);
+}
+
+// A gate's completion runs user callbacks; one that never returns (it waits on a collective issued
+// after the gate, which the gate holds back) would hang every later collective. It gets the timeout.
+int Communicator::poll_timeout_ms(const IssueOrder::Next& next) {
+  int ms = p2p_poll_timeout_ms();
+  if (!next.held) return ms;
+  int gate_ms = std::max(1, ms_until(next.gate_finished + timeout_, 60 * 1000));
+  return ms < 0 ? gate_ms : std::min(ms, gate_ms);
+}
+
+void Communicator::check_gate_deadline(const IssueOrder::Next& next) {
+  if (!next.held || Clock::now() < next.gate_finished + timeout_) return;
+  fail(Error::Kind::kTimeout, "rank ", rank_, " timed out after ", timeout_.count(), " ms waiting for the completion of ",
+       describe(next.gate), " (the callbacks on its future) to return; the collectives issued after it wait for "
+       "that. A callback that waits on a collective issued after the future was requested never returns");
 }
 
 // Point-to-point operations have no collective around them to carry a deadline, so the progress
@@ -327,12 +354,13 @@ void Communicator::drain_commands_after_failure() {
   }
 }
 
-void Communicator::run_op(Op& op) {
+void Communicator::run_op(PendingCollective& op) {
   std::exception_ptr error = transport_->fatal_error();
   if (!error) {
     transport_->set_context(op.identity);
     if (log_enabled(LogLevel::kTrace)) log(LogLevel::kTrace, "rank ", rank_, " starts ", describe(op.identity));
     try {
+      if (op.ready) op.ready();
       transport_->check_arrived_frames();
       Collective c(*transport_, config_, scratch_, &wire_buffers_, op.identity, Clock::now() + timeout_);
       op.body(c);
@@ -358,13 +386,13 @@ void Communicator::shutdown() { stop(false); }
 void Communicator::stop(bool abort) {
   std::lock_guard<std::mutex> stopping(stop_mu_);
   if (!thread_.joinable()) return;
-  std::deque<Op> dropped;
+  std::vector<PendingCollective> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
     if (abort) {
       abort_requested_ = true;
-      dropped.swap(ops_);
+      dropped = order_->drop_queued();
     }
   }
   auto aborted = std::make_exception_ptr(

@@ -1,10 +1,12 @@
 // A communicator: this rank's connections to the other ranks of one group, and the progress thread
 // that runs its operations.
 //
-// Collectives are queued and run one at a time in issue order on the progress thread (every rank
-// issues them in the same order, which is what matches them up: each gets the next sequence
-// number). Point-to-point sends and receives are posted to the transport as soon as the progress
-// thread sees them, so they can complete in any order relative to collectives, like Gloo's.
+// Collectives are queued and run one at a time on the progress thread, in the order of issue_order.h:
+// issue order on each thread, with the collectives issued from a completion callback run before the
+// ones that callback's collective holds back, so that every rank runs them in the same order whatever
+// the timing of callbacks. Each gets the next sequence number when it starts, which is what matches
+// them up across ranks. Point-to-point sends and receives are posted to the transport as soon as the
+// progress thread sees them, so they can complete in any order relative to collectives, like Gloo's.
 // Every call returns a Work handle. Arguments are checked on the caller's thread, so bad input
 // raises at the call. The first failure is fatal: it is delivered to every pending operation and
 // rethrown by every later call (Gloo's rule), and the sockets are shut so the peers fail fast too.
@@ -25,6 +27,7 @@
 #include "collective.h"
 #include "config.h"
 #include "dtype.h"
+#include "issue_order.h"
 #include "store.h"
 #include "transport.h"
 #include "work.h"
@@ -65,20 +68,29 @@ class Communicator {
   // peer may be kAnySource; Work::source() then tells who sent it.
   WorkPtr recv(void* buf, size_t count, DataType dtype, int peer, uint64_t tag, Callback done = nullptr);
 
+  // While one lives on a thread, the collectives issued there first run `ready` on the progress thread,
+  // right before they start (the torch layer waits there for device copies into their buffers, so the
+  // caller's thread does not). An exception from `ready` fails the collective, like a transport error.
+  class StartAfter {
+   public:
+    explicit StartAfter(std::function<void()> ready);
+    ~StartAfter();
+    StartAfter(const StartAfter&) = delete;
+    StartAfter& operator=(const StartAfter&) = delete;
+
+   private:
+    std::function<void()> previous_;
+  };
+
   // Fails everything pending with kAborted, shuts the sockets, stops the thread. Idempotent.
   void abort();
   // Lets queued work finish (up to the timeout), then stops the thread and closes the sockets.
   void shutdown();
   // The fatal error, if any (nullptr while healthy).
   std::exception_ptr error() const;
-  uint64_t collectives_issued() const { return next_seq_; }
+  uint64_t collectives_issued() const;
 
  private:
-  struct Op {
-    FrameHeader identity;
-    std::function<void(Collective&)> body;
-    WorkPtr work;
-  };
 
   WorkPtr enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, int root, uint64_t count,
                   std::function<void(Collective&)> body, Callback done);
@@ -88,7 +100,9 @@ class Communicator {
   void check_rank(int rank, const char* role, const char* what) const;
   int ranks_on_this_host() const;
   void run();
-  void run_op(Op& op);
+  void run_op(PendingCollective& op);
+  int poll_timeout_ms(const IssueOrder::Next& next);
+  void check_gate_deadline(const IssueOrder::Next& next);
   void stop(bool abort);
   void drain_commands();
   void drain_commands_after_failure();
@@ -107,14 +121,15 @@ class Communicator {
   std::mutex stop_mu_;  // serialises abort() / shutdown() joining the thread
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Op> ops_;                               // collectives, in issue order
+  std::shared_ptr<IssueOrder> order_;                // collectives not yet started, and their order
   std::deque<std::function<void()>> commands_;       // p2p posts, run from the progress loop
   bool stopping_ = false;
   bool spinning_ = false;                            // the progress thread polls without sleeping: no wake needed
   Deadline spin_until_{};                            // progress thread only
   bool abort_requested_ = false;
   std::exception_ptr error_;                         // mirror of the transport's fatal error, for callers
-  uint64_t next_seq_ = 0;
+  uint64_t issued_ = 0;                              // collectives issued
+  uint64_t next_seq_ = 0;                            // progress thread only: started
   struct PendingP2P {
     Deadline deadline;
     RequestPtr request;

@@ -1,5 +1,7 @@
 #include "work.h"
 
+#include "issue_order.h"
+
 #include <thread>
 
 namespace mccl {
@@ -48,6 +50,16 @@ void Work::finish(std::exception_ptr error, int source) {
     done_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
+}
+
+void Work::hold_successors() {
+  if (!order_node_) return;
+  if (auto order = order_node_->order.lock()) order->hold(*order_node_);
+}
+
+void Work::completion_returned() {
+  if (!order_node_) return;
+  if (auto order = order_node_->order.lock()) order->release(*order_node_);
 }
 
 }  // namespace mccl

@@ -11,6 +11,10 @@
 
 namespace mccl {
 
+struct OrderNode;  // issue_order.h
+const OrderNode* completion_scope_enter(const OrderNode* node);
+void completion_scope_leave(const OrderNode* previous);
+
 // Runs on the progress thread when the operation ends, before waiters wake: nullptr on success.
 using Callback = std::function<void(std::exception_ptr)>;
 
@@ -29,6 +33,26 @@ class Work {
   // Called once by the communicator.
   void finish(std::exception_ptr error, int source = -1);
 
+  // The completion order of collectives (issue_order.h), for a layer that completes futures. No-ops
+  // for point-to-point work.
+  // Someone will hear of this collective's completion: unless a collective was already issued after
+  // it (in the same context), the collectives issued after it wait until completion_returned().
+  void hold_successors();
+  // The completion (a future's callbacks, run inside a CompletionScope) has returned.
+  void completion_returned();
+  // While it lives on a thread, collectives issued on that thread are this one's children: they run
+  // before the collectives it holds back.
+  class CompletionScope {
+   public:
+    explicit CompletionScope(const Work& work) : previous_(completion_scope_enter(work.order_node_.get())) {}
+    ~CompletionScope() { completion_scope_leave(previous_); }
+    CompletionScope(const CompletionScope&) = delete;
+    CompletionScope& operator=(const CompletionScope&) = delete;
+
+   private:
+    const OrderNode* previous_;
+  };
+
   explicit Work(Callback callback) : callback_(std::move(callback)) {}
 
  private:
@@ -38,6 +62,8 @@ class Work {
   std::exception_ptr error_;
   int source_ = -1;
   Callback callback_;
+  std::shared_ptr<OrderNode> order_node_;  // collectives: set by IssueOrder::add
+  friend class IssueOrder;
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -17,6 +17,7 @@
 
 #include "error.h"
 #include "reduce.h"
+#include "staging.hpp"
 #include "thread_name.h"
 
 namespace lightning_mccl {
@@ -123,51 +124,7 @@ Reduction reduction_of(const c10d::ReduceOp& rop, const at::Tensor& t, const cha
                                        static_cast<int>(rop.op_), ")"));
 }
 
-// ---- staging ------------------------------------------------------------------------------------
-// A tensor as the engine sees it: `host` is contiguous CPU memory; `user` is what the caller passed.
-struct Staged {
-  at::Tensor user;
-  at::Tensor host;
-  bool copy_back = false;
-  std::optional<c10::Stream> stream;  // the caller's stream on `user`'s device, for the copy back
-};
-
-void check_dense(const at::Tensor& t, const char* op, int rank) {
-  MCCL_TORCH_CHECK(t.defined(), "rank ", rank, ": ", op, " got an undefined tensor");
-  MCCL_TORCH_CHECK(t.layout() == at::kStrided, "rank ", rank, ": ", op, " does not support ", t.layout(),
-                   " tensors (sparse tensors: densify them first)");
-}
-
-// `read`: the engine reads the tensor's values; `write`: the engine's result must land in it.
-Staged stage(const at::Tensor& t, bool read, bool write, const char* op, int rank) {
-  check_dense(t, op, rank);
-  Staged s;
-  s.user = t;
-  if (t.device().is_cpu()) {
-    s.host = t.is_contiguous() ? t : t.contiguous();
-    s.copy_back = write && !t.is_contiguous();
-    return s;
-  }
-  auto* impl = c10::impl::getDeviceGuardImpl(t.device().type());
-  s.stream = impl->getStream(t.device());
-  // .to(kCPU) is ordered after the caller's work on its current stream and waits for the copy.
-  s.host = read ? t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true).contiguous()
-                : at::empty(t.sizes(), t.options().device(at::kCPU));
-  s.copy_back = write;
-  return s;
-}
-
-void unstage(const Staged& s) {
-  if (!s.copy_back) return;
-  if (s.stream) {
-    c10::StreamGuard guard(*s.stream);
-    s.user.copy_(s.host);
-  } else {
-    s.user.copy_(s.host);
-  }
-}
-
-char* ptr(const Staged& s) { return static_cast<char*>(s.host.data_ptr()); }
+// ---- argument checks ----------------------------------------------------------------------------
 
 void check_one(const std::vector<at::Tensor>& tensors, const char* op, int rank) {
   MCCL_TORCH_CHECK(tensors.size() == 1, "rank ", rank, ": ", op, " takes exactly one tensor per process, got ",
@@ -181,23 +138,60 @@ void check_same(const at::Tensor& a, const at::Tensor& b, const char* what, cons
                    " elements but the input has ", a.numel());
 }
 
-using Staging = std::shared_ptr<std::vector<Staged>>;
-
-// Staging for tensors that travel packed in one host buffer: each is copied back from its slice.
-Staging unpack_into(const at::Tensor& packed, const std::vector<at::Tensor>& tensors) {
-  auto staging = std::make_shared<std::vector<Staged>>();
-  int64_t at_elem = 0;
-  for (const auto& t : tensors) {
-    Staged s;
-    s.user = t;
-    s.host = packed.narrow(0, at_elem, t.numel()).view(t.sizes());
-    s.copy_back = true;
-    if (!t.device().is_cpu()) s.stream = c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device());
-    staging->push_back(s);
-    at_elem += t.numel();
+// Runs the completion of each WorkMCCL (copy-back to the device, then the Future, whose callbacks
+// run inline) off the engine's progress thread. A callback may itself issue a collective and wait
+// for it, as PowerSGD's hooks do; so a blocked task never stalls the others: when no worker is idle,
+// the pool starts another one (up to kMaxThreads). One pool per process, never torn down, so that a
+// process group destroyed from inside a callback does not join its own thread.
+class CompletionPool {
+ public:
+  static CompletionPool& instance() {
+    static auto* pool = new CompletionPool();
+    return *pool;
   }
-  return staging;
-}
+
+  void post(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+    // A worker that has finished its task and is coming back for the next (returning_) takes this one:
+    // counting it avoids starting a thread that would only ever idle. A worker still inside a task is
+    // not counted: that task may wait on this very completion.
+    if (idle_ + returning_.load() == 0 && threads_ < kMaxThreads) {
+      ++threads_;
+      std::thread([this] {
+        mccl::set_thread_name("mccl-complete");
+        work();
+      }).detach();
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  static constexpr int kMaxThreads = 64;
+
+  void work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      ++idle_;
+      cv_.wait(lock, [this] { return !tasks_.empty(); });
+      --idle_;
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      ++returning_;
+      lock.lock();
+      --returning_;
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  int idle_ = 0;
+  std::atomic<int> returning_{0};  // finished a task, not yet back under the lock
+  int threads_ = 0;
+};
 
 }  // namespace
 
@@ -219,25 +213,70 @@ void WorkMCCL::complete(std::exception_ptr error) {
   else future_->markCompleted(c10::IValue(outputs_));
 }
 
+void WorkMCCL::set_staged(std::function<void()> copy_back, std::optional<c10::Stream> stream) {
+  copy_back_ = std::move(copy_back);
+  completion_stream_ = stream;
+  future_wanted_ = staged_ = true;
+}
+
+bool WorkMCCL::attach(mccl::WorkPtr engine_work) {
+  std::lock_guard<std::mutex> lock(mu_);
+  engine_work_ = std::move(engine_work);
+  attached_ = true;
+  return engine_done_ && future_wanted_;
+}
+
 bool WorkMCCL::engine_finished(std::exception_ptr error) {
   std::lock_guard<std::mutex> lock(mu_);
   engine_done_ = true;
   engine_error_ = error ? to_torch(error) : nullptr;
-  return future_wanted_;
+  return future_wanted_ && attached_;
+}
+
+void WorkMCCL::complete_on_pool(c10::intrusive_ptr<WorkMCCL> self) {
+  CompletionPool::instance().post([self = std::move(self)] {
+    std::exception_ptr error;
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      error = self->engine_error_;
+    }
+    {
+      mccl::Work::CompletionScope scope(*self->engine_work_);
+      // Accelerator outputs: copied back on the staging stream, and the Future's events are recorded
+      // on it, so whoever consumes the Future waits for the copy on the device, not on the host.
+      c10::OptionalStreamGuard stream(self->completion_stream_);
+      if (!error && self->copy_back_) {
+        try {
+          self->copy_back_();
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
+      self->complete(error);
+    }
+    self->engine_work_->completion_returned();
+  });
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkMCCL::getFuture() {
   std::exception_ptr error;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    const bool first = !future_requested_;
+    future_requested_ = true;
+    // Not finished yet (or staged: completed on the pool anyway): the pool completes it, and until
+    // that completion returns, the collectives issued after this one wait (issue_order.h).
     if (future_wanted_ || !engine_done_) {
-      future_wanted_ = true;  // engine_finished() will have the pool complete it
+      future_wanted_ = true;
+      if (first) engine_work_->hold_successors();
       return future_;
     }
     future_wanted_ = true;
     error = engine_error_;
   }
-  complete(error);  // finished before anyone asked: complete it here, on the caller's thread
+  // Finished before anyone asked: complete it here, on the caller's thread. It has no callbacks yet;
+  // those added now run inline on this thread, in its issue order.
+  complete(error);
   return future_;
 }
 
@@ -301,61 +340,6 @@ class StoreAdapter : public mccl::Store {
   c10::intrusive_ptr<c10d::Store> store_;
 };
 
-// Runs the completion of each WorkMCCL (copy-back to the device, then the Future, whose callbacks
-// run inline) off the engine's progress thread. A callback may itself issue a collective and wait
-// for it, as PowerSGD's hooks do; so a blocked task never stalls the others: when no worker is idle,
-// the pool starts another one (up to kMaxThreads). One pool per process, never torn down, so that a
-// process group destroyed from inside a callback does not join its own thread.
-class CompletionPool {
- public:
-  static CompletionPool& instance() {
-    static auto* pool = new CompletionPool();
-    return *pool;
-  }
-
-  void post(std::function<void()> task) {
-    std::lock_guard<std::mutex> lock(mu_);
-    tasks_.push_back(std::move(task));
-    // A worker that has finished its task and is coming back for the next (returning_) takes this one:
-    // counting it avoids starting a thread that would only ever idle. A worker still inside a task is
-    // not counted: that task may wait on this very completion.
-    if (idle_ + returning_.load() == 0 && threads_ < kMaxThreads) {
-      ++threads_;
-      std::thread([this] {
-        mccl::set_thread_name("mccl-complete");
-        work();
-      }).detach();
-    }
-    cv_.notify_one();
-  }
-
- private:
-  static constexpr int kMaxThreads = 64;
-
-  void work() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
-      ++idle_;
-      cv_.wait(lock, [this] { return !tasks_.empty(); });
-      --idle_;
-      auto task = std::move(tasks_.front());
-      tasks_.pop_front();
-      lock.unlock();
-      task();
-      ++returning_;
-      lock.lock();
-      --returning_;
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;
-  int idle_ = 0;
-  std::atomic<int> returning_{0};  // finished a task, not yet back under the lock
-  int threads_ = 0;
-};
-
 // Queues one engine operation for a WorkMCCL. When it ends, the completion pool copies staged outputs
 // back to their devices and completes the Work's future; unstaged work completes its future lazily.
 template <typename Launch>
@@ -364,23 +348,21 @@ c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor>
   auto work = c10::make_intrusive<WorkMCCL>(type, std::move(outputs), timeout);
   WorkMCCL* raw = work.get();
   c10::raw::intrusive_ptr::incref(raw);  // the engine callback owns one reference until it runs
-  if (std::any_of(staging->begin(), staging->end(), [](const Staged& s) { return s.copy_back; })) work->set_staged();
+  if (std::any_of(staging->begin(), staging->end(), [](const Staged& s) { return s.copy_back; })) {
+    work->set_staged(
+        [staging] {
+          for (const auto& s : *staging) unstage(s);
+        },
+        completion_stream(staging));
+  }
   mccl::Callback done = [raw, staging](std::exception_ptr error) {
     auto owned = c10::intrusive_ptr<WorkMCCL>::reclaim(raw);
-    if (!owned->engine_finished(error)) return;  // unstaged, no Future asked for yet
-    CompletionPool::instance().post([owned = std::move(owned), staging, error]() mutable {
-      if (!error) {
-        try {
-          for (const auto& s : *staging) unstage(s);
-        } catch (...) {
-          error = std::current_exception();
-        }
-      }
-      owned->complete(error);
-    });
+    if (owned->engine_finished(error)) owned->complete_on_pool(std::move(owned));
   };
+  mccl::WorkPtr engine_work;
   try {
-    work->attach(start(std::move(done)));
+    mccl::Communicator::StartAfter copied_out(ready(staging));  // the progress thread waits, not this one
+    engine_work = start(std::move(done));
   } catch (const mccl::Error& e) {
     c10::intrusive_ptr<WorkMCCL>::reclaim(raw);  // the callback never runs
     throw_torch(e);
@@ -388,6 +370,7 @@ c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor>
     c10::intrusive_ptr<WorkMCCL>::reclaim(raw);
     throw;
   }
+  if (work->attach(std::move(engine_work))) work->complete_on_pool(work);  // it finished first
   return work;
 }
 
@@ -423,16 +406,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::broadcast(std::vector<at::Tenso
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce(std::vector<at::Tensor>& tensors,
                                                            const c10d::AllreduceOptions& opts) {
   check_one(tensors, "allreduce", rank_);
+  check_dense(tensors[0], "allreduce", rank_);
   auto staging = std::make_shared<std::vector<Staged>>();
-  staging->push_back(stage(tensors[0], true, true, "allreduce", rank_));
   Elements e = elements_of(tensors[0], "allreduce", rank_);
   Reduction r = reduction_of(opts.reduceOp, tensors[0], "allreduce", rank_);
-  Staged& s = (*staging)[0];
-  if (r.premul) {
-    if (s.host.is_same(s.user)) s.copy_back = true, s.host = s.host.clone();
-    s.host.mul_(*r.premul);
-  }
-  char* data = ptr(s);
+  staging->push_back(stage(tensors[0], true, true, "allreduce", rank_, r.premul));
+  char* data = ptr((*staging)[0]);
   return launch(c10d::OpType::ALLREDUCE, tensors, staging, comm_->timeout(), [&](mccl::Callback done) {
     return comm_->allreduce(data, e.count, e.dtype, r.op, std::move(done));
   });
@@ -463,17 +442,13 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce_coalesced(std::vector
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::ReduceOptions& opts) {
   check_one(tensors, "reduce", rank_);
+  check_dense(tensors[0], "reduce", rank_);
   const int root = static_cast<int>(opts.rootRank);
   auto staging = std::make_shared<std::vector<Staged>>();
-  staging->push_back(stage(tensors[0], true, rank_ == root, "reduce", rank_));
   Elements e = elements_of(tensors[0], "reduce", rank_);
   Reduction r = reduction_of(opts.reduceOp, tensors[0], "reduce", rank_);
-  Staged& s = (*staging)[0];
-  if (r.premul) {
-    if (s.host.is_same(s.user)) s.host = s.host.clone(), s.copy_back = rank_ == root;
-    s.host.mul_(*r.premul);
-  }
-  char* data = ptr(s);
+  staging->push_back(stage(tensors[0], true, rank_ == root, "reduce", rank_, r.premul));
+  char* data = ptr((*staging)[0]);
   return launch(c10d::OpType::REDUCE, tensors, staging, comm_->timeout(), [&](mccl::Callback done) {
     return comm_->reduce(data, e.count, e.dtype, r.op, root, std::move(done));
   });
@@ -570,9 +545,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_reduce_scatter_base(at::Tensor
                    dtype_name(output), " elements, got ", input.numel(), " ", dtype_name(input));
   auto staging = std::make_shared<std::vector<Staged>>();
   staging->push_back(stage(output, false, true, "reduce_scatter", rank_));
-  Staged in = stage(input, true, false, "reduce_scatter", rank_);
   Reduction r = reduction_of(opts.reduceOp, output, "reduce_scatter", rank_);
-  if (r.premul) in.host = in.host.mul(*r.premul);
+  Staged in = stage(input, true, false, "reduce_scatter", rank_, r.premul);
   staging->push_back(in);
   Elements e = elements_of(output, "reduce_scatter", rank_);
   char* out = ptr((*staging)[0]);
@@ -731,6 +705,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::send(std::vector<at::Tensor>& t
   auto staging = std::make_shared<std::vector<Staged>>();
   Staged s = stage(tensors[0], true, false, "send", rank_);
   staging->push_back(s);
+  wait_copied(staging);  // a send is posted at once: its buffer must be filled first
   Elements e = elements_of(tensors[0], "send", rank_);
   return launch(c10d::OpType::SEND, tensors, staging, comm_->timeout(), [&](mccl::Callback done) {
     return comm_->send(ptr(s), e.count, e.dtype, dst_rank, static_cast<uint64_t>(tag), std::move(done));
