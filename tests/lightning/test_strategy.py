@@ -308,8 +308,6 @@ def test_setup_on_mps_binds_no_device_creates_no_cuda_stream_and_registers_the_h
     is no MPS here), the strategy's root device is MPS."""
     import atexit
 
-    from lightning.fabric.utilities.distributed import _destroy_dist_connection
-
     from lightning_mccl.lightning import strategy as strategy_module
 
     from lightning.fabric.utilities.distributed import _InfiniteBarrier
@@ -347,7 +345,7 @@ def test_setup_on_mps_binds_no_device_creates_no_cuda_stream_and_registers_the_h
         assert len(init_calls) == 1 and "device_id" not in init_calls[0], init_calls  # (b)
         assert init_calls[0]["timeout"] == timedelta(seconds=60)
         assert dist.get_backend() == "mccl" and dist.group.WORLD.bound_device_id is None
-        assert at_exit == [_destroy_dist_connection]  # (e)
+        assert at_exit == [strategy_module.destroy_at_exit]  # (e)
         with _InfiniteBarrier():  # Lightning's Gloo group next to ours: unbound, so Gloo can run it
             pass
 

@@ -1,0 +1,108 @@
+"""The Lightning coupling: the internals lightning-mccl uses are checked at import, and the MPS gate changes
+nothing that another Trainer (on another thread) could see.
+
+- A Lightning whose `_init_dist_connection` or connector check has another shape (here: a fake, patched in
+  a child process before the strategy module is imported) makes the import fail with LightningVersionError
+  naming the Lightning version and the tested ones.
+- While an MCCLStrategy instance passes the connector on the MPS stand-in, another thread's DDPStrategy
+  Trainer is still refused, and no module global of Lightning's was rebound.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from launch_env import clean_env
+
+FAKE_SHAPE = textwrap.dedent("""
+    import lightning, lightning.fabric.utilities.distributed as d
+    from lightning.pytorch.trainer.connectors import accelerator_connector as c
+    lightning.__version__ = "9.9.9"
+    if sys.argv[1] == "init":
+        def _init_dist_connection(env, backend_name_changed, rank=None):
+            pass
+        d._init_dist_connection = _init_dist_connection
+    elif sys.argv[1] == "connector":
+        def _check_config_and_set_final_flags(self, strategy, accelerator, precision, plugins):
+            pass
+        c._AcceleratorConnector._check_config_and_set_final_flags = _check_config_and_set_final_flags
+    else:
+        del c._AcceleratorConnector._check_config_and_set_final_flags
+    try:
+        import lightning_mccl.lightning.strategy
+    except ImportError as e:
+        print(type(e).__name__, e)
+""")
+
+
+@pytest.mark.parametrize("change,names,problem", [
+    ("init", "lightning.fabric.utilities.distributed._init_dist_connection",
+     "has parameters (env, backend_name_changed, rank), expected (cluster_environment, torch_distributed_backend, ...)"),
+    ("connector", "_AcceleratorConnector._check_config_and_set_final_flags",
+     "has parameters (self, strategy, accelerator, precision, plugins), expected (self, strategy, accelerator, "
+     "precision, plugins, sync_batchnorm, ...)"),
+    ("gone", "_AcceleratorConnector._check_config_and_set_final_flags", "does not exist"),
+])
+def test_an_unexpected_lightning_shape_fails_the_import_naming_the_version(change, names, problem):
+    from lightning_mccl.lightning.internals import TESTED_LIGHTNING
+
+    code = "import sys\n" + FAKE_SHAPE
+    proc = subprocess.run([sys.executable, "-c", code, change], capture_output=True, text=True, timeout=120,
+                          env=clean_env())
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.strip()
+    assert out.startswith("LightningVersionError lightning-mccl cannot use Lightning 9.9.9: "), out
+    assert names in out and problem in out, out
+    assert f"tested with Lightning {TESTED_LIGHTNING[0]} to {TESTED_LIGHTNING[-1]}" in out, out
+
+
+def test_the_installed_lightning_passes_the_checks():
+    from lightning.fabric.utilities import distributed
+
+    from lightning_mccl.lightning import strategy
+
+    assert strategy._init_dist_connection is distributed._init_dist_connection
+
+
+def test_the_mps_gate_rebinds_nothing_and_other_threads_are_still_refused(mps_stand_in, tmp_path):
+    import lightning as L
+    from lightning.pytorch.accelerators import MPSAccelerator
+    from lightning.pytorch.strategies import DDPStrategy
+    from lightning.pytorch.trainer.connectors import accelerator_connector
+
+    from lightning_mccl.lightning import MCCLStrategy
+
+    before = dict(vars(accelerator_connector))
+    inside, refused, errors = threading.Event(), [], []
+    def other_trainer():
+        inside.wait(30)
+        try:
+            L.Trainer(strategy=DDPStrategy(), accelerator="mps", devices=1, logger=False,
+                      default_root_dir=str(tmp_path))
+        except ValueError as e:
+            refused.append("not supported on the MPS accelerator" in str(e))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    thread = threading.Thread(target=other_trainer)
+    thread.start()
+    original_available = MPSAccelerator.is_available
+
+    def available_and_let_the_other_thread_run():  # called by the connector during the MPS check
+        if threading.current_thread() is not thread and not inside.is_set():
+            inside.set()
+            thread.join(30)  # the other Trainer runs its whole check while ours is inside its own
+        return original_available()
+
+    mps_stand_in.setattr(MPSAccelerator, "is_available", staticmethod(available_and_let_the_other_thread_run))
+    trainer = L.Trainer(strategy=MCCLStrategy(), accelerator="mps", devices=1, logger=False,
+                        default_root_dir=str(tmp_path))
+    thread.join(30)
+    assert not errors, errors
+    assert refused == [True], "Lightning's DDP on another thread was not refused while the gate was open"
+    assert type(trainer.strategy) is MCCLStrategy and isinstance(trainer.accelerator, MPSAccelerator)
+    assert {k: v for k, v in vars(accelerator_connector).items() if before.get(k) is not v} == {}
