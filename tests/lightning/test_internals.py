@@ -9,6 +9,7 @@ nothing that another Trainer (on another thread) could see.
 """
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -106,3 +107,20 @@ def test_the_mps_gate_rebinds_nothing_and_other_threads_are_still_refused(mps_st
     assert refused == [True], "Lightning's DDP on another thread was not refused while the gate was open"
     assert type(trainer.strategy) is MCCLStrategy and isinstance(trainer.accelerator, MPSAccelerator)
     assert {k: v for k, v in vars(accelerator_connector).items() if before.get(k) is not v} == {}
+
+
+def test_the_tested_versions_are_declared_once_and_agree():
+    """pyproject.toml declares them; internals.py names them in errors; the Makefile tests the oldest; the
+    optional dependency's floor is the oldest."""
+    from pathlib import Path
+
+    from lightning_mccl.lightning.internals import TESTED_LIGHTNING
+
+    root = Path(__file__).resolve().parents[2]
+    pyproject = (root / "pyproject.toml").read_text()
+    declared = re.search(r'^tested-lightning = \[(.*)\]$', pyproject, re.M).group(1)
+    assert tuple(v.strip(' "') for v in declared.split(",")) == TESTED_LIGHTNING
+    oldest = TESTED_LIGHTNING[0]
+    assert re.search(rf'^LIGHTNING_OLDEST \?= {re.escape(oldest)}$', (root / "Makefile").read_text(), re.M)
+    floor = ".".join(oldest.split(".")[:2])
+    assert f'"lightning>={floor}"' in pyproject
