@@ -20,7 +20,7 @@ import inspect
 from typing import Any, Sequence
 
 # The Lightning releases the test suite runs against (CI: `make test-lightning-oldest` and the current one).
-TESTED_LIGHTNING = ("2.4.0", "2.6.6")
+TESTED_LIGHTNING = ("2.5.2", "2.6.6")
 
 
 class LightningVersionError(ImportError):
