@@ -5,7 +5,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The torch (and matching torchvision) to install into a fresh .venv. Any torch >= 2.6 works, e.g. on a Mac:
+# The torch (and matching torchvision) to install into a fresh .venv (tested: pyproject.toml tested-torch), e.g. on a Mac:
 #   make demo TORCH_SPEC=torch TORCHVISION_SPEC=torchvision
 TORCH_SPEC ?= torch==2.14.1
 TORCHVISION_SPEC ?= torchvision==0.29.1

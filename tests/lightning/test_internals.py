@@ -70,6 +70,8 @@ def test_the_installed_lightning_passes_the_checks():
 
 
 def test_the_mps_gate_rebinds_nothing_and_other_threads_are_still_refused(mps_stand_in, tmp_path):
+    """Another thread builds a Trainer with Lightning's DDP on MPS while ours is inside the connector's check
+    (paused in a function that check calls after its MPS test): it must still be refused."""
     import lightning as L
     from lightning.pytorch.accelerators import MPSAccelerator
     from lightning.pytorch.strategies import DDPStrategy
@@ -77,8 +79,8 @@ def test_the_mps_gate_rebinds_nothing_and_other_threads_are_still_refused(mps_st
 
     from lightning_mccl.lightning import MCCLStrategy
 
-    before = dict(vars(accelerator_connector))
     inside, refused, errors = threading.Event(), [], []
+
     def other_trainer():
         inside.wait(30)
         try:
@@ -90,21 +92,24 @@ def test_the_mps_gate_rebinds_nothing_and_other_threads_are_still_refused(mps_st
             errors.append(e)
 
     thread = threading.Thread(target=other_trainer)
-    thread.start()
-    original_available = MPSAccelerator.is_available
+    convert = accelerator_connector._convert_precision_to_unified_args
 
-    def available_and_let_the_other_thread_run():  # called by the connector during the MPS check
+    def convert_while_the_other_thread_runs(precision):
         if threading.current_thread() is not thread and not inside.is_set():
             inside.set()
             thread.join(30)  # the other Trainer runs its whole check while ours is inside its own
-        return original_available()
+        return convert(precision)
 
-    mps_stand_in.setattr(MPSAccelerator, "is_available", staticmethod(available_and_let_the_other_thread_run))
+    mps_stand_in.setattr(accelerator_connector, "_convert_precision_to_unified_args",
+                         convert_while_the_other_thread_runs)
+    before = dict(vars(accelerator_connector))
+    thread.start()
     trainer = L.Trainer(strategy=MCCLStrategy(), accelerator="mps", devices=1, logger=False,
                         default_root_dir=str(tmp_path))
     thread.join(30)
+    assert inside.is_set(), "the connector's check did not call _convert_precision_to_unified_args"
     assert not errors, errors
-    assert refused == [True], "Lightning's DDP on another thread was not refused while the gate was open"
+    assert refused == [True], "Lightning's DDP on another thread was not refused while ours was in the check"
     assert type(trainer.strategy) is MCCLStrategy and isinstance(trainer.accelerator, MPSAccelerator)
     assert {k: v for k, v in vars(accelerator_connector).items() if before.get(k) is not v} == {}
 
