@@ -5,7 +5,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The torch (and matching torchvision) to install into a fresh .venv. Any torch >= 2.6 works, e.g. on a Mac:
+# The torch (and matching torchvision) to install into a fresh .venv (tested: pyproject.toml tested-torch), e.g. on a Mac:
 #   make demo TORCH_SPEC=torch TORCHVISION_SPEC=torchvision
 TORCH_SPEC ?= torch==2.14.1
 TORCHVISION_SPEC ?= torchvision==0.29.1
@@ -14,7 +14,18 @@ BIN := $(abspath $(VENV))/bin
 CMAKE := $(BIN)/cmake
 CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(BIN)/ninja -DMCCL_BUILD_TESTS=ON
 
-.PHONY: demo bench bench-fleet reliability test test-engine test-sanitize test-tsan test-python build clean fuzz
+# The oldest Lightning declared tested (pyproject.toml: [tool.lightning-mccl] tested-lightning): `make test` runs
+# LIGHTNING_OLDEST_TESTS against it as well as against the Lightning in $(VENV) (installed without its
+# dependencies into build/, first on PYTHONPATH; the rest of the environment is the current one's).
+LIGHTNING_OLDEST ?= 2.5.2
+LIGHTNING_OLDEST_DIR := $(abspath build/lightning-$(LIGHTNING_OLDEST))
+LIGHTNING_OLDEST_TESTS ?= tests/lightning/test_strategy.py tests/lightning/test_environment.py \
+  tests/lightning/test_internals.py::test_the_installed_lightning_passes_the_checks \
+  tests/lightning/test_internals.py::test_the_mps_gate_rebinds_nothing_and_other_threads_are_still_refused \
+  tests/recipes/test_vit_recipe.py::test_mac_configs_instantiate_with_lightning_cli \
+  tests/recipes/test_vit_recipe.py::test_checkpoint_path_loads_backbone_and_makes_a_new_head
+
+.PHONY: demo bench bench-fleet reliability test test-engine test-sanitize test-tsan test-python test-lightning-oldest build clean fuzz
 
 $(VENV)/.deps: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,7 +77,14 @@ test-tsan: $(VENV)/.deps
 test-python: build
 	$(PY) -m pytest tests -q
 
-test: test-engine test-sanitize test-python
+$(LIGHTNING_OLDEST_DIR): $(VENV)/.deps
+	$(PY) -m pip install -q --no-deps --upgrade --target $@ "lightning==$(LIGHTNING_OLDEST)"
+
+test-lightning-oldest: build $(LIGHTNING_OLDEST_DIR)
+	PYTHONPATH=$(LIGHTNING_OLDEST_DIR) $(PY) -c "import lightning as L; assert L.__version__ == '$(LIGHTNING_OLDEST)', L.__file__"
+	PYTHONPATH=$(LIGHTNING_OLDEST_DIR) $(PY) -m pytest -q $(LIGHTNING_OLDEST_TESTS)
+
+test: test-engine test-sanitize test-python test-lightning-oldest
 
 # libFuzzer on the handshake / frame parsers (needs clang: apt-get install clang). Not part of `make test`
 # (which runs the same target through a deterministic driver): make fuzz FUZZ_SECONDS=600

@@ -216,7 +216,7 @@ size_t Socket::recv_some(void* data, size_t size) {
   while (true) {
     ssize_t n = ::recv(fd_, data, size, 0);
     if (n > 0) return static_cast<size_t>(n);
-    if (n == 0) fail(Error::Kind::kConnection, "the peer closed the connection");
+    if (n == 0) fail(Error::Kind::kConnection, "Connection closed by peer");
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
     fail(Error::Kind::kConnection, "recv failed: ", std::strerror(errno));
@@ -230,7 +230,7 @@ size_t Socket::recv_some(const struct iovec* iov, int iovcnt) {
   while (true) {
     ssize_t n = ::recvmsg(fd_, &msg, 0);
     if (n > 0) return static_cast<size_t>(n);
-    if (n == 0) fail(Error::Kind::kConnection, "the peer closed the connection");
+    if (n == 0) fail(Error::Kind::kConnection, "Connection closed by peer");
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
     fail(Error::Kind::kConnection, "recv failed: ", std::strerror(errno));

@@ -619,7 +619,7 @@ void Transport::on_control(Pair& pair) {
 
 Error Transport::closed_error(const Pair& pair) const {
   if (pair.closed_cause) return *pair.closed_cause;
-  return Error(Error::Kind::kConnection, "the peer closed the connection");
+  return Error(Error::Kind::kConnection, "Connection closed by peer");
 }
 
 // Best effort, bounded: tells each peer why this rank is giving up, on a frame boundary (a frame that is

@@ -25,10 +25,23 @@ namespace {
 
 // ---- errors -------------------------------------------------------------------------------------
 // Bad input becomes a Python ValueError; everything else (mismatch, timeout, dead peer) a
-// torch.distributed.DistBackendError, which is a RuntimeError.
+// torch.distributed.DistBackendError, which is a RuntimeError, as NCCL raises it. torch has no timeout
+// type, and its DistNetworkError (the Store's sockets) is a sibling of DistBackendError, not a kind of
+// it: raising it for a dead peer would slip past every `except DistBackendError` written for NCCL.
+// Tools tell a timeout from other failures by torch's phrase "Timed out" (Gloo: "Timed out waiting
+// ... for recv", the Store: "Timed out after ..."), so a timeout's message carries it after our prefix:
+// "MCCL timeout (Timed out): rank 0 timed out in barrier ...". A peer that closed its end reads
+// "Connection closed by peer", as in Gloo (the engine's wording).
+std::string torch_message(const mccl::Error& e) {
+  std::string m = e.what();
+  if (e.kind() != mccl::Error::Kind::kTimeout || m.find("Timed out") != std::string::npos) return m;
+  size_t colon = m.find(": ");
+  return colon == std::string::npos ? m + " (Timed out)" : m.insert(colon, " (Timed out)");
+}
+
 [[noreturn]] void throw_torch(const mccl::Error& e) {
   if (e.kind() == mccl::Error::Kind::kInvalidArgument) C10_THROW_ERROR(ValueError, e.what());
-  C10_THROW_ERROR(DistBackendError, e.what());
+  C10_THROW_ERROR(DistBackendError, torch_message(e));
 }
 
 std::exception_ptr to_torch(std::exception_ptr error) {
@@ -307,8 +320,9 @@ bool WorkMCCL::wait(std::chrono::milliseconds timeout) {
   if (timeout == kNoTimeout) {
     translated([&] { engine_work_->wait(mccl::Config::global().spin_us); });
   } else if (!translated([&] { return engine_work_->wait_for(timeout); })) {
-    C10_THROW_ERROR(DistBackendError, c10::str("MCCL timeout: ", c10d::opTypeToString(opType_),
-                                               " did not complete within ", timeout.count(), " ms"));
+    throw_torch(mccl::Error(mccl::Error::Kind::kTimeout,
+                            c10::str("MCCL timeout: ", c10d::opTypeToString(opType_), " did not complete within ",
+                                     timeout.count(), " ms")));
   }
   if (staged_) {
     future_->wait();  // the completion pool finishes it right after the engine (copy-back included)
@@ -494,19 +508,25 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_allgather_base(at::Tensor& out
   });
 }
 
+// torch's layout (distributed_c10d.all_gather_coalesced, as Gloo reads it): outputs[r][i] receives rank r's
+// inputs[i], so there are world-size output lists of inputs.size() tensors each. One allgather per input.
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                      std::vector<at::Tensor>& inputs,
                                                                      const c10d::AllgatherOptions& opts) {
-  MCCL_TORCH_CHECK(outputs.size() == inputs.size(), "rank ", rank_, ": allgather_coalesced got ", outputs.size(),
-                   " output lists for ", inputs.size(), " inputs");
+  MCCL_TORCH_CHECK(!inputs.empty(), "rank ", rank_, ": allgather_coalesced got no input tensors");
+  MCCL_TORCH_CHECK(static_cast<int>(outputs.size()) == size_, "rank ", rank_, ": allgather_coalesced needs ", size_,
+                   " output lists (one per rank), got ", outputs.size());
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    MCCL_TORCH_CHECK(outputs[r].size() == inputs.size(), "rank ", rank_, ": allgather_coalesced output list ", r,
+                     " has ", outputs[r].size(), " tensors for ", inputs.size(), " inputs");
+  }
   c10::intrusive_ptr<c10d::Work> last;
-  std::vector<at::Tensor> all;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    std::vector<std::vector<at::Tensor>> out{outputs[i]};
+    std::vector<std::vector<at::Tensor>> out(1);
+    for (auto& list : outputs) out[0].push_back(list[i]);
     std::vector<at::Tensor> in{inputs[i]};
     last = allgather(out, in, opts);
   }
-  MCCL_TORCH_CHECK(last, "rank ", rank_, ": allgather_coalesced got no tensors");
   return last;  // collectives complete in issue order: the last one done means all are
 }
 

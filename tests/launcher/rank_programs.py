@@ -6,6 +6,8 @@
     python rank_programs.py allreduce                # mccl allreduce over env:// and print the result
     python rank_programs.py flaky DIR RANK CODE N    # record this attempt; on the first N attempts rank RANK
                                                      # exits CODE once the others sleep, later attempts exit 0
+    python rank_programs.py secret DIR               # mccl allreduce (authenticated with MCCL_AUTH_SECRET),
+                                                     # record it in DIR, stay in the job until DIR/go appears
 
 Only `allreduce` imports torch (slow); the others use the standard library, to keep the tests fast.
 """
@@ -89,6 +91,33 @@ def allreduce() -> None:
     dist.destroy_process_group()
 
 
+def secret(out_dir) -> None:
+    """The job the command-line scan watches: an allreduce between ranks that hold MCCL_AUTH_SECRET, and
+    then every rank stays in the job (a barrier after) until the test has scanned and writes DIR/go. Prints
+    and records only a hash of the secret."""
+    import hashlib
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    import lightning_mccl  # noqa: F401  (registers the backend)
+
+    dist.init_process_group("mccl", timeout=timedelta(seconds=60))
+    t = torch.full((4,), float(dist.get_rank() + 1))
+    dist.all_reduce(t)
+    digest = {k: hashlib.sha256(os.environ[k].encode()).hexdigest() if k in os.environ else None
+              for k in ("MCCL_AUTH_SECRET", "MY_API_TOKEN")}
+    write_json(os.path.join(out_dir, f"ready-{rank()}.json"), {"sum": t.tolist(), "sha256": digest, "pid": os.getpid()})
+    deadline = time.time() + 60
+    while not os.path.exists(os.path.join(out_dir, "go")):
+        if time.time() > deadline:
+            sys.exit("the test never said go")
+        time.sleep(0.05)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main(argv) -> None:
     mode = argv[0]
     if mode == "env":
@@ -102,6 +131,8 @@ def main(argv) -> None:
         flaky(argv[1], int(argv[2]), int(argv[3]), int(argv[4]))
     elif mode == "allreduce":
         allreduce()
+    elif mode == "secret":
+        secret(argv[1])
     else:
         sys.exit(f"unknown mode {mode!r}")
 

@@ -104,9 +104,10 @@ def test_ssh_argv_for_a_two_host_hostfile():
         argv = list(spec.argv)
         assert argv[:5] == ["ssh", "-o", "BatchMode=yes", "-T", spec.host] and len(argv) == 6
         remote = shlex.split(argv[5])  # what the remote login shell will see
-        assert remote[:4] == ["exec", python, "-c", SHIM_BOOTSTRAP] and len(remote) == 6
+        assert remote[:4] == ["exec", python, "-c", SHIM_BOOTSTRAP] and len(remote) == 5
         assert base64.b64decode(remote[4]) == Path(rank_shim.__file__).read_bytes()
-        shim = rank_shim.decode_spec(remote[5])
+        assert spec.stdin.endswith(b"\n") and spec.stdin.count(b"\n") == 1  # the spec: stdin's first line
+        shim = rank_shim.decode_spec(spec.stdin.decode().strip())
         assert shim["argv"] == [python, "train.py", "fit", "--config", "vit 1.yaml"]
         assert shim["cwd"] == "/Users/me/proj" and shim["label"] == spec.label
         expected = {"MASTER_ADDR": "10.0.0.11", "MASTER_PORT": "29555", "WORLD_SIZE": "2", "RANK": str(node),
@@ -120,14 +121,14 @@ def test_ssh_argv_for_a_two_host_hostfile():
     # --local runs the very same shim argv, without the ssh in front
     local = local_plan(2, command, python=python, cwd="/Users/me/proj").rank_specs(base_env={})
     assert [s.host for s in local] == ["local", "local"]
-    assert list(local[0].argv[:3]) == [python, "-c", SHIM_BOOTSTRAP]
-    assert rank_shim.decode_spec(local[1].argv[4])["env"]["MASTER_ADDR"] == "127.0.0.1"
+    assert list(local[0].argv) == [python, "-c", SHIM_BOOTSTRAP, remote[4]]
+    assert rank_shim.decode_spec(local[1].stdin.decode())["env"]["MASTER_ADDR"] == "127.0.0.1"
 
 
 def test_nproc_per_node_numbers_ranks_host_by_host():
     hostfile = parse_hostfile(["10.0.0.1", "10.0.0.2"])
     plan = hostfile_plan(hostfile, ["train"], nproc_per_node=2, master_port=4000)
-    envs = [rank_shim.decode_spec(shlex.split(s.argv[-1])[-1])["env"] for s in plan.rank_specs(base_env={})]
+    envs = [rank_shim.decode_spec(s.stdin.decode())["env"] for s in plan.rank_specs(base_env={})]
     assert [(e["RANK"], e["NODE_RANK"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["WORLD_SIZE"]) for e in envs] == [
         ("0", "0", "0", "2", "4"), ("1", "0", "1", "2", "4"), ("2", "1", "0", "2", "4"), ("3", "1", "1", "2", "4")]
     assert all(e["MASTER_PORT"] == "4000" and e["OMP_NUM_THREADS"] == "1" for e in envs)  # as torchrun

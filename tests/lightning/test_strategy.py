@@ -248,15 +248,18 @@ def test_arguments_compress_timeout_ddp_kwargs_and_hint():
     from lightning_mccl.lightning import MCCLStrategy
 
     s = MCCLStrategy(compress="fp16")  # the engine's wire compression: no hook
-    assert (s._ddp_comm_hook, s._ddp_comm_wrapper, s._wire_dtype) == (None, None, "fp16")
+    assert (s._ddp_comm_hook, s._ddp_comm_wrapper, s._compress_plan.wire) == (None, None, "fp16")
+    s.parallel_devices = [torch.device("cpu")]
+    s._choose_compression()  # a CPU root device keeps the engine's compression
+    assert (s._ddp_comm_hook, s._compress_plan.wire) == (None, "fp16")
     s = MCCLStrategy(compress="fp16", process_group_backend="gloo")  # no engine: torch's hook
-    assert (s._ddp_comm_hook, s._wire_dtype) == (default_hooks.fp16_compress_hook, None)
+    assert (s._ddp_comm_hook, s._compress_plan.wire) == (default_hooks.fp16_compress_hook, None)
     s = MCCLStrategy(compress="fp16_hook")
     assert (s._ddp_comm_hook, s._ddp_comm_wrapper) == (default_hooks.fp16_compress_hook, None)
     s = MCCLStrategy(compress="bf16_hook", ddp_comm_hook=powerSGD_hook.powerSGD_hook)
     assert (s._ddp_comm_hook, s._ddp_comm_wrapper) == (powerSGD_hook.powerSGD_hook, default_hooks.bf16_compress_wrapper)
     s = MCCLStrategy(compress="powersgd", compress_options={"matrix_approximation_rank": 4})
-    assert s._ddp_comm_hook is powerSGD_hook.powerSGD_hook and s._wire_dtype is None
+    assert s._ddp_comm_hook is powerSGD_hook.powerSGD_hook and s._compress_plan.wire is None
     state = s._ddp_comm_state
     assert isinstance(state, powerSGD_hook.PowerSGDState) and state.process_group is None
     assert (state.matrix_approximation_rank, state.start_powerSGD_iter, state.use_error_feedback,
@@ -358,7 +361,9 @@ def test_lightning_cli_on_mps_string_and_class_path(mps_stand_in, tmp_path):
         cli = LightningCLI(TinyModel, run=False, save_config_callback=None, args=common + [f"--config={config}"])
         strategy = cli.trainer.strategy
         assert type(strategy) is MCCLStrategy and isinstance(cli.trainer.accelerator, MPSAccelerator)
-        assert (strategy.compress, strategy._ddp_comm_hook, strategy._wire_dtype) == ("bf16", None, "bf16")
+        assert (strategy.compress, strategy._ddp_comm_hook, strategy._compress_plan.wire) == ("bf16", None, "bf16")
+        strategy._choose_compression()  # at setup: the root device is MPS, so torch's hook casts on the device
+        assert (strategy._ddp_comm_hook, strategy._compress_plan.wire) == (default_hooks.bf16_compress_hook, None)
         assert strategy._timeout == timedelta(seconds=60)
         cli = LightningCLI(TinyModel, run=False, save_config_callback=None,
                            args=common + ["--trainer.strategy=mccl_fp16_compress"])
@@ -370,8 +375,6 @@ def test_setup_on_mps_binds_no_device_creates_no_cuda_stream_and_registers_the_h
     """Obstacles (b), (c), (d), (e) with a real mccl group of one rank; the module stays on the CPU (there
     is no MPS here), the strategy's root device is MPS."""
     import atexit
-
-    from lightning.fabric.utilities.distributed import _destroy_dist_connection
 
     from lightning_mccl.lightning import strategy as strategy_module
 
@@ -410,7 +413,7 @@ def test_setup_on_mps_binds_no_device_creates_no_cuda_stream_and_registers_the_h
         assert len(init_calls) == 1 and "device_id" not in init_calls[0], init_calls  # (b)
         assert init_calls[0]["timeout"] == timedelta(seconds=60)
         assert dist.get_backend() == "mccl" and dist.group.WORLD.bound_device_id is None
-        assert at_exit == [_destroy_dist_connection]  # (e)
+        assert at_exit == [strategy_module.destroy_at_exit]  # (e)
         with _InfiniteBarrier():  # Lightning's Gloo group next to ours: unbound, so Gloo can run it
             pass
 
@@ -467,7 +470,11 @@ def test_lightning_ddp_strategy_on_mps_shows_the_obstacles(monkeypatch, no_launc
     for s in (ddp_strategy, mccl_strategy):
         with pytest.raises(Stop):
             s.setup_distributed()
-    assert init_calls[0]["device_id"] == mps and "device_id" not in init_calls[1]
+    import lightning
+    from packaging.version import Version
+
+    binds = Version(lightning.__version__) >= Version("2.6")  # DDPStrategy passes device_id since Lightning 2.6
+    assert init_calls[0].get("device_id") == (mps if binds else None) and "device_id" not in init_calls[1]
 
     assert ddp_strategy.determine_ddp_device_ids() == [0]
     with pytest.raises(AssertionError, match=r"torch\.cuda\.Stream\(\) was created"):

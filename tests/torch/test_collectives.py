@@ -735,12 +735,12 @@ def sweep_coalesced(s: Sweep):
 
     def run_gather(label=label):
         ins = [all_inputs(f"{label} {i}", ws, n, torch.float32, "sum") for i, n in enumerate([5, 1, 9])]
-        outs = [[torch.empty(len(vals[0][1])) for _ in range(ws)] for vals in ins]
+        outs = [[torch.empty(len(vals[0][1])) for vals in ins] for _ in range(ws)]  # outs[r][i]: rank r's input i
         s.gloo_gap("all_gather_coalesced",
                    lambda: dist.all_gather_coalesced(outs, [vals[rank][0] for vals in ins]))
-        for out, vals in zip(outs, ins):
+        for i, vals in enumerate(ins):
             for r in range(ws):
-                check_tensor(out[r], vals[r][1], torch.float32, (len(vals[r][1]),), what=f"block of rank {r}")
+                check_tensor(outs[r][i], vals[r][1], torch.float32, (len(vals[r][1]),), what=f"input {i} of rank {r}")
 
     s.case("coalesced", label, run_gather)
 

@@ -18,6 +18,9 @@ started outside).
 What every rank also gets: the launcher's MCCL_* variables (engine tuning such as MCCL_DEBUG; per-host
 ones excepted), the ``--env`` variables, PYTHONUNBUFFERED=1 (so output streams as it is printed) unless
 set, and, as torchrun does, OMP_NUM_THREADS=1 when several ranks share a machine and it is not set.
+These travel in the rank's spec over the rank shim's stdin (through ssh's encrypted channel), never on a
+command line: ``ps`` shows every user the argv of the shim and of ssh, and the environment may hold
+MCCL_AUTH_SECRET or an API token. On the host, only the rank's own user (and root) can read its environment.
 A command that starts with ``python``/``python3`` runs with ``--python`` (default: the launcher's own
 interpreter), because a non-interactive ssh shell has no virtual environment activated.
 
@@ -77,11 +80,18 @@ def free_port(addr: str = LOCAL_ADDR) -> int:
         return s.getsockname()[1]
 
 
-def shim_argv(python: str, *, argv: Sequence[str], cwd: Optional[str], env: Mapping[str, str], label: str,
-              grace: float) -> List[str]:
-    """The local argv that runs `argv` as one rank under the rank shim, with `python`."""
+def shim_argv(python: str) -> List[str]:
+    """The argv that starts the rank shim with `python`. It holds only the shim's own source: the rank's
+    spec (its command and environment, MCCL_AUTH_SECRET included) goes to the shim's stdin (`shim_input`),
+    never on a command line that `ps` shows to every user of the launching Mac and of the host."""
+    return [python, "-c", SHIM_BOOTSTRAP, _SHIM_SOURCE_B64]
+
+
+def shim_input(*, argv: Sequence[str], cwd: Optional[str], env: Mapping[str, str], label: str,
+               grace: float) -> bytes:
+    """The first line the launcher writes to a rank shim's stdin: the rank's spec."""
     spec = {"argv": list(argv), "cwd": cwd, "env": dict(env), "label": label, "grace": grace}
-    return [python, "-c", SHIM_BOOTSTRAP, _SHIM_SOURCE_B64, rank_shim.encode_spec(spec)]
+    return rank_shim.encode_spec(spec).encode("ascii") + b"\n"
 
 
 def ssh_argv(ssh: Sequence[str], host: str, remote_argv: Sequence[str]) -> List[str]:
@@ -167,13 +177,14 @@ class LaunchPlan:
         for node_rank, host in enumerate(self.hosts):
             for local_rank in range(self.nproc_per_node):
                 rank = node_rank * self.nproc_per_node + local_rank
-                argv = shim_argv(self.python, argv=self.command, cwd=self.cwd, label=f"{host.name} r{rank}",
-                                 env=self.rank_env(node_rank, local_rank, base_env), grace=self.grace)
+                spec = shim_input(argv=self.command, cwd=self.cwd, label=f"{host.name} r{rank}",
+                                  env=self.rank_env(node_rank, local_rank, base_env), grace=self.grace)
+                argv = shim_argv(self.python)
                 if self.ssh is not None:
                     argv = ssh_argv(self.ssh, host.name, argv)
                 elif self.netns is not None:
                     argv = netns_exec_argv(self.netns[node_rank], argv)
-                specs.append(RankSpec(rank=rank, host=host.name, argv=tuple(argv)))
+                specs.append(RankSpec(rank=rank, host=host.name, argv=tuple(argv), stdin=spec))
         return specs
 
     def explain_exit(self, spec: RankSpec, code: int) -> Optional[str]:

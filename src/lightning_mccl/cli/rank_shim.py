@@ -3,6 +3,9 @@
 `mccl launch` never starts a rank's command directly. On every host (this one for ``--local``, the
 remote one at the end of an ``ssh`` connection) it starts this small, stdlib-only program, which:
 
+- reads the rank's spec (its command, working directory and environment) from the first line of stdin:
+  never from its argv, which every user of the host can read (``ps``), since the environment may hold
+  MCCL_AUTH_SECRET or other secrets;
 - changes to the rank's working directory, adds the rank's environment (RANK, MASTER_ADDR, ...) and starts
   the command as the leader of a new session, so the command and everything it starts (data-loader
   workers, ...) share one process group;
@@ -36,8 +39,8 @@ CONTROL_SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.
 
 
 def encode_spec(spec):
-    """What the launcher passes as this program's argument: the rank's spec as base64'd JSON (no
-    character that any login shell would interpret)."""
+    """The first line the launcher writes to this program's stdin: the rank's spec as base64'd JSON (one
+    line of ASCII, whatever the environment holds)."""
     return base64.b64encode(json.dumps(spec, sort_keys=True).encode()).decode("ascii")
 
 
@@ -60,9 +63,29 @@ def _signal_group(pgid, sig):
         pass
 
 
-def main(encoded_spec):
-    """spec: {"argv": [...], "cwd": str or None, "env": {name: value}, "grace": seconds, "label": str}."""
-    spec = decode_spec(encoded_spec)
+def read_spec_line(fd=0):
+    """The first line of `fd` (without its newline) and whatever followed it; None at end of file first."""
+    data = b""
+    while b"\n" not in data:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return None, b""
+        data += chunk
+    line, rest = data.split(b"\n", 1)
+    return line.decode("ascii", "replace"), rest
+
+
+def main():
+    """spec (stdin's first line): {"argv": [...], "cwd": str or None, "env": {name: value}, "grace":
+    seconds, "label": str}; control lines follow it."""
+    line, after_spec = read_spec_line()
+    if line is None:
+        _say("rank", "stdin closed before the launcher sent this rank's spec")
+        return 2
+    spec = decode_spec(line)
     label = spec.get("label", "rank")
     argv = list(spec["argv"])
     env = dict(os.environ)
@@ -96,14 +119,15 @@ def main(encoded_spec):
     def read_control():
         # os.read on the raw descriptor, not sys.stdin: a daemon thread blocked inside a buffered reader
         # makes the interpreter abort at exit ("could not acquire lock for <stdin>").
-        pending = b""
+        pending, data = b"", after_spec
         while True:
-            try:
-                data = os.read(0, 4096)
-            except OSError:
-                data = b""
             if not data:
-                break
+                try:
+                    data = os.read(0, 4096)
+                except OSError:
+                    data = b""
+                if not data:
+                    break
             lines = (pending + data).split(b"\n")
             pending = lines.pop()
             for line in lines:
@@ -111,6 +135,7 @@ def main(encoded_spec):
                 if sig is not None and not exited.is_set():
                     _signal_group(pgid, sig)
                     killed.append(sig == signal.SIGKILL)
+            data = b""
         if exited.is_set() or any(killed):  # ended by the launcher: nothing left to do
             return
         _say(label, "the launcher is gone (stdin closed): terminating the rank")
@@ -126,7 +151,7 @@ def main(encoded_spec):
 
 
 if __name__ == "__main__":
-    _code = main(sys.argv[-1])
+    _code = main()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(_code)  # no interpreter teardown while the control thread sits in read()

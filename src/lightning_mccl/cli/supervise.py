@@ -37,12 +37,14 @@ MAX_LINE_BYTES = 64 << 10
 @dataclass(frozen=True)
 class RankSpec:
     """One rank to run: its global rank, the host it runs on (for messages), the local argv that starts it
-    (under the rank shim) and that local process's environment (None: this process's)."""
+    (under the rank shim), that local process's environment (None: this process's) and the bytes written
+    to its stdin first (the shim's spec: what must not be on a command line, see `rank_shim`)."""
 
     rank: int
     host: str
     argv: tuple
     env: Optional[Mapping[str, str]] = None
+    stdin: bytes = b""
 
     @property
     def label(self) -> str:
@@ -128,6 +130,11 @@ class _Rank:
             list(self.spec.argv), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True, bufsize=0)
         self.reading = True
+        if self.spec.stdin:
+            try:  # one small line: the pipe holds it whether or not the shim (or ssh) reads it yet
+                self.proc.stdin.write(self.spec.stdin)
+            except (BrokenPipeError, OSError):  # it exited at once: its exit code says why
+                pass
 
     def control(self, word: str) -> None:
         stdin = self.proc.stdin if self.proc is not None else None

@@ -22,16 +22,17 @@ Lightning 2.6 (`lightning.pytorch.strategies.ddp`):
   uses `MacFleetEnvironment` (the hostfile's fleet) instead.
 - `on_exception`: the unused-parameters hint names the mccl strategy names.
 
-The accelerator connector refuses any `ParallelStrategy` *instance* (and any strategy name containing
-"ddp") together with an MPS accelerator (`_AcceleratorConnector._check_config_and_set_final_flags`). The
-registered names below avoid "ddp"; for instances (`strategy=MCCLStrategy(...)`, LightningCLI `class_path`)
-`_open_mps_gate` lets that one check pass for `MCCLStrategy` and for nothing else.
+Lightning's privates: `_init_dist_connection` (above) and the accelerator connector's MPS check (which
+refuses every `ParallelStrategy` instance on MPS, see `mps_gate`), both checked at import (`internals`).
+The registered names avoid "ddp", so they pass that check as they are.
 """
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
+import re
+import signal
+import threading
 from datetime import timedelta
 from typing import Any, Callable, Literal, Optional, Union
 
@@ -44,18 +45,17 @@ import lightning.pytorch as pl
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.plugins.environments import LightningEnvironment
-from lightning.fabric.strategies import _StrategyRegistry
-from lightning.fabric.utilities.distributed import _destroy_dist_connection, _init_dist_connection
 from lightning.fabric.utilities.seed import reset_seed
-from lightning.pytorch.accelerators import MPSAccelerator
-from lightning.pytorch.overrides.distributed import _register_ddp_comm_hook
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
-from lightning.pytorch.trainer.connectors import accelerator_connector as _connector
-from lightning.pytorch.utilities.exceptions import _augment_message
 
 from .. import _backend  # importing the lightning_mccl package registered the "mccl" backend
 from . import compress as _compress
+from . import mps_gate
+from .internals import checked
+
+_init_dist_connection = checked("lightning.fabric.utilities.distributed", "_init_dist_connection",
+                                ("cluster_environment", "torch_distributed_backend"))
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class MCCLStrategy(DDPStrategy):
         )
         self.compress = compress
         self.compress_options = plan.options
-        self._wire_dtype = plan.wire
+        self._compress_plan = plan
 
     def _uses_mccl(self) -> bool:
         return self._get_process_group_backend() == BACKEND
@@ -164,12 +164,21 @@ class MCCLStrategy(DDPStrategy):
         self.set_world_ranks()
         self._process_group_backend = BACKEND
         assert self.cluster_environment is not None
-        _compress.set_engine_wire(self._wire_dtype)  # read by the engine when the group starts
+        self._choose_compression()
+        _compress.set_engine_wire(self._compress_plan.wire)  # read by the engine when the group starts
         created = not torch.distributed.is_initialized()
         # No device_id: MCCL needs no device binding, and a bound default group binds every later group too.
         _init_dist_connection(self.cluster_environment, BACKEND, timeout=self._timeout)
         if created:
             _destroy_at_exit()
+
+    def _choose_compression(self) -> None:
+        # compress="bf16"/"fp16": the engine narrows CPU gradients on the wire; on an accelerator torch's hook
+        # narrows them on the device, before staging (compress.py says why, with the measurement).
+        plan = self._compress_plan
+        if plan.wire and plan.on_accelerator is not None and self.root_device.type != "cpu":
+            plan = self._compress_plan = plan.on_accelerator
+            self._ddp_comm_hook, self._ddp_comm_wrapper, self._ddp_comm_state = plan.hook, plan.wrapper, plan.state
 
     @override
     def determine_ddp_device_ids(self) -> Optional[list[int]]:
@@ -181,29 +190,26 @@ class MCCLStrategy(DDPStrategy):
     def _register_ddp_hooks(self) -> None:
         # DDPStrategy registers hooks only when the root device is CUDA; DDP runs them on any device.
         assert isinstance(self.model, DistributedDataParallel)
-        _register_ddp_comm_hook(
-            model=self.model,
-            ddp_comm_state=self._ddp_comm_state,
-            ddp_comm_hook=self._ddp_comm_hook,
-            ddp_comm_wrapper=self._ddp_comm_wrapper,
-        )
+        hook = self._ddp_comm_hook
+        if hook is None:
+            return
+        if self._ddp_comm_wrapper is not None:
+            hook = self._ddp_comm_wrapper(hook)
+        self.model.register_comm_hook(state=self._ddp_comm_state, hook=hook)
 
     @override
     def on_exception(self, exception: BaseException) -> None:
-        _augment_message(
-            exception,
-            pattern=".*Expected to have finished reduction in the prior iteration.*",
-            new_message=(
-                "It looks like your LightningModule has parameters that were not used in producing the loss returned"
+        # DDPStrategy's hint names strategy='ddp_find_unused_parameters_true': the same hint, with our names.
+        pattern = re.compile(".*Expected to have finished reduction in the prior iteration.*", re.DOTALL)
+        hint = ("It looks like your LightningModule has parameters that were not used in producing the loss returned"
                 " by training_step. If this is intentional, enable the detection of unused parameters in DDP with"
                 " `strategy='mccl_find_unused_parameters_true'`"
-                " or `strategy=MCCLStrategy(find_unused_parameters=True)`."
-            ),
-        )
+                " or `strategy=MCCLStrategy(find_unused_parameters=True)`.")
+        exception.args = tuple(hint if isinstance(a, str) and pattern.match(a) else a for a in exception.args)
 
     @classmethod
     @override
-    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+    def register_strategies(cls, strategy_registry: Any) -> None:
         """The names of DDPStrategy's registrations with "ddp" replaced by "mccl" (no fork variants: Metal does
         not survive fork()), and one per gradient compression."""
         for name, start_method in (("mccl", "popen"), ("mccl_spawn", "spawn")):
@@ -237,51 +243,27 @@ class MCCLStrategy(DDPStrategy):
 _destroy_registered = False
 
 
+def destroy_at_exit() -> None:
+    """The handler `_destroy_at_exit` registers: destroys the default group, Ctrl+C ignored meanwhile."""
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main_thread else None
+    try:
+        torch.distributed.destroy_process_group()
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
+
+
 def _destroy_at_exit() -> None:
-    """Once per process: destroy the default group at exit (Lightning's own handler, which ignores Ctrl+C
-    meanwhile), before interpreter shutdown tears down the objects the engine's threads use."""
+    """Once per process: destroy the default group at exit, before interpreter shutdown tears down the
+    objects the engine's threads use."""
     global _destroy_registered
     if not _destroy_registered:
-        atexit.register(_destroy_dist_connection)
+        atexit.register(destroy_at_exit)
         _destroy_registered = True
 
 
-class _MPSGateOpen(MPSAccelerator):
-    @staticmethod
-    def is_available() -> bool:
-        return False
-
-
-def _open_mps_gate() -> None:
-    """Lets `MCCLStrategy` instances through the accelerator connector's MPS check.
-
-    `_AcceleratorConnector._check_config_and_set_final_flags` raises "strategies from the DDP family are not
-    supported on the MPS accelerator" for every ParallelStrategy instance when MPS is available and the
-    accelerator is "mps"/"auto"/"gpu". That is true of Gloo, not of mccl, and no override of the strategy can
-    change an isinstance check. So for an MCCLStrategy instance, and only for one, that method runs with the
-    module's `MPSAccelerator` reporting no MPS, the only thing it reads MPS availability for; the name is put
-    back before the call returns. Every other strategy goes through Lightning's method untouched.
-    """
-    cls = _connector._AcceleratorConnector
-    original = cls._check_config_and_set_final_flags
-    if getattr(original, "_mccl_gate", False):
-        return
-
-    @functools.wraps(original)
-    def _check_config_and_set_final_flags(self: Any, *args: Any, **kwargs: Any) -> None:
-        strategy = kwargs["strategy"] if "strategy" in kwargs else (args[0] if args else None)
-        if not isinstance(strategy, MCCLStrategy):
-            return original(self, *args, **kwargs)
-        gate = _connector.MPSAccelerator
-        _connector.MPSAccelerator = _MPSGateOpen
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            _connector.MPSAccelerator = gate
-
-    _check_config_and_set_final_flags._mccl_gate = True  # type: ignore[attr-defined]
-    cls._check_config_and_set_final_flags = _check_config_and_set_final_flags
-
-
 MCCLStrategy.register_strategies(StrategyRegistry)
-_open_mps_gate()
+mps_gate.install(MCCLStrategy)

@@ -1,0 +1,67 @@
+"""The Lightning internals lightning-mccl still uses, each checked at import.
+
+Everything else goes through Lightning's public and protected strategy methods. These two have no public
+equivalent:
+
+- `lightning.fabric.utilities.distributed._init_dist_connection`: how `DDPStrategy.setup_distributed`
+  brings up the default group (MASTER_ADDR/PORT from the cluster environment); `MCCLStrategy` calls it
+  without ``device_id`` (see `MCCLStrategy.setup_distributed`).
+- `_AcceleratorConnector._check_config_and_set_final_flags`: refuses every ParallelStrategy instance on MPS
+  (see `mps_gate`).
+
+Each is looked up by name and its parameters are compared with the ones this code calls it with. When a
+Lightning release renames or reshapes one, importing the strategy fails with `LightningVersionError`
+naming the Lightning version and the tested ones, instead of misbehaving later.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Sequence
+
+# The Lightning releases the test suite runs against (CI: `make test-lightning-oldest` and the current one).
+TESTED_LIGHTNING = ("2.5.2", "2.6.6")
+
+
+class LightningVersionError(ImportError):
+    """This Lightning's internals differ from the ones lightning-mccl was tested with."""
+
+
+def lightning_version() -> str:
+    try:
+        import lightning
+
+        return str(lightning.__version__)
+    except Exception:  # noqa: BLE001 - only for the message
+        return "unknown"
+
+
+def _fail(what: str, problem: str) -> LightningVersionError:
+    return LightningVersionError(
+        f"lightning-mccl cannot use Lightning {lightning_version()}: {what} {problem}. lightning-mccl is tested "
+        f"with Lightning {TESTED_LIGHTNING[0]} to {TESTED_LIGHTNING[-1]}: install one of those "
+        f"(pip install 'lightning>={TESTED_LIGHTNING[0]},<={TESTED_LIGHTNING[-1]}'), or a lightning-mccl that "
+        f"supports this Lightning")
+
+
+def checked(module: str, qualname: str, params: Sequence[str]) -> Any:
+    """`module`'s `qualname` (a function, or Class.method), after checking that its first parameters are
+    `params`, in that order (more may follow if they have defaults or are *args/**kwargs)."""
+    what = f"{module}.{qualname}"
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        raise _fail(what, "does not exist") from None
+    try:
+        found = list(inspect.signature(obj).parameters.values())
+    except (TypeError, ValueError):
+        raise _fail(what, "has no inspectable signature") from None
+    names = [p.name for p in found]
+    extra = found[len(params):]
+    required_extra = [p.name for p in extra if p.default is inspect.Parameter.empty
+                      and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if names[:len(params)] != list(params) or required_extra:
+        raise _fail(what, f"has parameters ({', '.join(names)}), expected ({', '.join(params)}, ...)")
+    return obj

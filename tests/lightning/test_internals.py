@@ -1,0 +1,130 @@
+"""The Lightning coupling: the internals lightning-mccl uses are checked at import, and the MPS gate changes
+nothing that another Trainer (on another thread) could see.
+
+- A Lightning whose `_init_dist_connection` or connector check has another shape (here: a fake, patched in
+  a child process before the strategy module is imported) makes the import fail with LightningVersionError
+  naming the Lightning version and the tested ones.
+- While an MCCLStrategy instance passes the connector on the MPS stand-in, another thread's DDPStrategy
+  Trainer is still refused, and no module global of Lightning's was rebound.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from launch_env import clean_env
+
+FAKE_SHAPE = textwrap.dedent("""
+    import lightning, lightning.fabric.utilities.distributed as d
+    from lightning.pytorch.trainer.connectors import accelerator_connector as c
+    lightning.__version__ = "9.9.9"
+    if sys.argv[1] == "init":
+        def _init_dist_connection(env, backend_name_changed, rank=None):
+            pass
+        d._init_dist_connection = _init_dist_connection
+    elif sys.argv[1] == "connector":
+        def _check_config_and_set_final_flags(self, strategy, accelerator, precision, plugins):
+            pass
+        c._AcceleratorConnector._check_config_and_set_final_flags = _check_config_and_set_final_flags
+    else:
+        del c._AcceleratorConnector._check_config_and_set_final_flags
+    try:
+        import lightning_mccl.lightning.strategy
+    except ImportError as e:
+        print(type(e).__name__, e)
+""")
+
+
+@pytest.mark.parametrize("change,names,problem", [
+    ("init", "lightning.fabric.utilities.distributed._init_dist_connection",
+     "has parameters (env, backend_name_changed, rank), expected (cluster_environment, torch_distributed_backend, ...)"),
+    ("connector", "_AcceleratorConnector._check_config_and_set_final_flags",
+     "has parameters (self, strategy, accelerator, precision, plugins), expected (self, strategy, accelerator, "
+     "precision, plugins, sync_batchnorm, ...)"),
+    ("gone", "_AcceleratorConnector._check_config_and_set_final_flags", "does not exist"),
+])
+def test_an_unexpected_lightning_shape_fails_the_import_naming_the_version(change, names, problem):
+    from lightning_mccl.lightning.internals import TESTED_LIGHTNING
+
+    code = "import sys\n" + FAKE_SHAPE
+    proc = subprocess.run([sys.executable, "-c", code, change], capture_output=True, text=True, timeout=120,
+                          env=clean_env())
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.strip()
+    assert out.startswith("LightningVersionError lightning-mccl cannot use Lightning 9.9.9: "), out
+    assert names in out and problem in out, out
+    assert f"tested with Lightning {TESTED_LIGHTNING[0]} to {TESTED_LIGHTNING[-1]}" in out, out
+
+
+def test_the_installed_lightning_passes_the_checks():
+    from lightning.fabric.utilities import distributed
+
+    from lightning_mccl.lightning import strategy
+
+    assert strategy._init_dist_connection is distributed._init_dist_connection
+
+
+def test_the_mps_gate_rebinds_nothing_and_other_threads_are_still_refused(mps_stand_in, tmp_path):
+    """Another thread builds a Trainer with Lightning's DDP on MPS while ours is inside the connector's check
+    (paused in a function that check calls after its MPS test): it must still be refused."""
+    import lightning as L
+    from lightning.pytorch.accelerators import MPSAccelerator
+    from lightning.pytorch.strategies import DDPStrategy
+    from lightning.pytorch.trainer.connectors import accelerator_connector
+
+    from lightning_mccl.lightning import MCCLStrategy
+
+    inside, refused, errors = threading.Event(), [], []
+
+    def other_trainer():
+        inside.wait(30)
+        try:
+            L.Trainer(strategy=DDPStrategy(), accelerator="mps", devices=1, logger=False,
+                      default_root_dir=str(tmp_path))
+        except ValueError as e:
+            refused.append("not supported on the MPS accelerator" in str(e))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    thread = threading.Thread(target=other_trainer)
+    convert = accelerator_connector._convert_precision_to_unified_args
+
+    def convert_while_the_other_thread_runs(precision):
+        if threading.current_thread() is not thread and not inside.is_set():
+            inside.set()
+            thread.join(30)  # the other Trainer runs its whole check while ours is inside its own
+        return convert(precision)
+
+    mps_stand_in.setattr(accelerator_connector, "_convert_precision_to_unified_args",
+                         convert_while_the_other_thread_runs)
+    before = dict(vars(accelerator_connector))
+    thread.start()
+    trainer = L.Trainer(strategy=MCCLStrategy(), accelerator="mps", devices=1, logger=False,
+                        default_root_dir=str(tmp_path))
+    thread.join(30)
+    assert inside.is_set(), "the connector's check did not call _convert_precision_to_unified_args"
+    assert not errors, errors
+    assert refused == [True], "Lightning's DDP on another thread was not refused while ours was in the check"
+    assert type(trainer.strategy) is MCCLStrategy and isinstance(trainer.accelerator, MPSAccelerator)
+    assert {k: v for k, v in vars(accelerator_connector).items() if before.get(k) is not v} == {}
+
+
+def test_the_tested_versions_are_declared_once_and_agree():
+    """pyproject.toml declares them; internals.py names them in errors; the Makefile tests the oldest; the
+    optional dependency's floor is the oldest."""
+    from pathlib import Path
+
+    from lightning_mccl.lightning.internals import TESTED_LIGHTNING
+
+    root = Path(__file__).resolve().parents[2]
+    pyproject = (root / "pyproject.toml").read_text()
+    declared = re.search(r'^tested-lightning = \[(.*)\]$', pyproject, re.M).group(1)
+    assert tuple(v.strip(' "') for v in declared.split(",")) == TESTED_LIGHTNING
+    oldest = TESTED_LIGHTNING[0]
+    assert re.search(rf'^LIGHTNING_OLDEST \?= {re.escape(oldest)}$', (root / "Makefile").read_text(), re.M)
+    assert f'"lightning>={oldest}"' in pyproject
