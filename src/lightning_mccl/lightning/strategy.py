@@ -18,6 +18,8 @@ Lightning 2.6 (`lightning.pytorch.strategies.ddp`):
   rank 0's old TCPStore may still be up, and a rank can reach that old store ("Connection reset by peer" in
   TCPStore.waitForWorkers, seen once in about 80 re-initialisations here). Kept for the process's lifetime,
   the group is reused by later fits, as Lightning's DDP reuses its own.
+- `setup_distributed` rendezvouses through `lightning_mccl.rendezvous` (torch's TCPStore, waiting in Python):
+  ranks that have not arrived are named every few seconds, and after the group timeout in the error.
 - `set_world_ranks`: with $MCCL_HOSTFILE set and only Lightning's fallback `LightningEnvironment` chosen,
   uses `MacFleetEnvironment` (the hostfile's fleet) instead.
 - `on_exception`: the unused-parameters hint names the mccl strategy names.
@@ -176,10 +178,20 @@ class MCCLStrategy(DDPStrategy):
         self._process_group_backend = BACKEND
         assert self.cluster_environment is not None
         created = not torch.distributed.is_initialized()
+        kwargs = {"store": self._rendezvous()} if created else {}
         # No device_id: MCCL needs no device binding, and a bound default group binds every later group too.
-        _init_dist_connection(self.cluster_environment, BACKEND, timeout=self._timeout)
+        _init_dist_connection(self.cluster_environment, BACKEND, timeout=self._timeout, **kwargs)
         if created:
             _destroy_at_exit()
+
+    def _rendezvous(self) -> torch.distributed.Store:
+        """The store of `lightning_mccl.rendezvous`: names the ranks (and hosts) that have not arrived while the
+        others wait, fails naming them after the group timeout, and honours Ctrl-C meanwhile."""
+        from ..rendezvous import rendezvous
+
+        env = self.cluster_environment
+        return rendezvous(env.main_address, env.main_port, env.global_rank(), env.world_size(),
+                          self._timeout or default_pg_timeout)
 
     @override
     def determine_ddp_device_ids(self) -> Optional[list[int]]:
