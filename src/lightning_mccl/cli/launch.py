@@ -299,8 +299,9 @@ def _port_range(text: str) -> str:
     return f"{lo}-{hi}"
 
 
-def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options `mccl launch` and `mccl doctor` share: which hosts, and how to reach them."""
+def add_fleet_arguments(parser: argparse.ArgumentParser, runs_command: bool = True) -> None:
+    """The options `mccl launch` and `mccl doctor` share: which hosts, and how to reach them (doctor, which
+    takes no command: `runs_command=False`, --grace hidden)."""
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--hostfile", metavar="FILE", help="fleet hostfile (YAML or JSON): the hosts, reached by ssh")
     where.add_argument("--local", metavar="N", type=_positive_int,
@@ -311,12 +312,13 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rendezvous port on host 0 (default: the hostfile's master_port; a free port with --local)")
     parser.add_argument("--chdir", metavar="DIR", help="working directory of every rank (default: this one)")
     parser.add_argument("--python", metavar="PY", default=sys.executable,
-                        help="Python on the hosts, also for a command starting with `python` (default: %(default)s)")
+                        help=("Python on the hosts, also for a command starting with `python`" if runs_command else
+                              "Python on the hosts (the one the ranks will use)") + " (default: %(default)s)")
     parser.add_argument("--ssh", metavar="CMD", default=DEFAULT_SSH,
                         help="ssh command and options (default: %(default)r); -T is always added")
     parser.add_argument("--grace", metavar="S", type=_seconds, default=DEFAULT_GRACE_S,
                         help="seconds ranks get to exit after being asked to stop, before they are killed "
-                             "(default: %(default)g)")
+                             "(default: %(default)g)" if runs_command else argparse.SUPPRESS)
 
 
 EPILOG = """\
