@@ -106,7 +106,7 @@ def check_firewall(host: str, probe: dict) -> Finding:
         return Finding(host, "firewall", WARN, f"{SOCKETFILTERFW} did not answer", None)
     if "disabled" in got[1] or "State = 0" in got[1]:
         return Finding(host, "firewall", OK, "application firewall off")
-    py = probe.get("executable") or "PYTHON"
+    py = probe.get("binary") or probe.get("executable") or "PYTHON"
     allow = (f"sudo {SOCKETFILTERFW} --add {shlex.quote(py)} && sudo {SOCKETFILTERFW} --unblockapp {shlex.quote(py)}")
     app = _output(probe, "firewall_app")
     text = app[1] if app else ""

@@ -5,7 +5,8 @@ directory), so, like the rank shim, it is standard library only and compatible w
 returns a JSON-able dict:
 
 - ``system``: platform.system() ("Darwin" on a Mac);
-- ``cwd``, ``executable``: where the ranks will run, with which Python;
+- ``cwd``, ``executable``: where the ranks will run, with which Python; ``binary``: that Python's real file
+  (the one a macOS firewall rule names; a virtual environment's python is a link to it);
 - ``ifname``: MCCL_SOCKET_IFNAME as the rank will see it (the hostfile's ``ifname``), ``master``: MASTER_ADDR;
 - ``route_addr``: the local address that routes to MASTER_ADDR (what the engine listens on without ifname);
 - ``commands``: {name: [exit code, output]} of the commands below (macOS ones only on macOS; None when the
@@ -69,7 +70,7 @@ def collect(run=run_command, system=None, environ=None):
     system = system or platform.system()
     ifname = environ.get("MCCL_SOCKET_IFNAME") or None
     master = environ.get("MASTER_ADDR") or None
-    executable = os.path.realpath(sys.executable)
-    return {"system": system, "cwd": os.getcwd(), "executable": executable, "ifname": ifname, "master": master,
-            "route_addr": route_addr(master),
-            "commands": {name: run(argv) for name, argv in commands_for(system, ifname, master, executable).items()}}
+    binary = os.path.realpath(sys.executable)
+    return {"system": system, "cwd": os.getcwd(), "executable": sys.executable, "binary": binary, "ifname": ifname,
+            "master": master, "route_addr": route_addr(master),
+            "commands": {name: run(argv) for name, argv in commands_for(system, ifname, master, binary).items()}}
