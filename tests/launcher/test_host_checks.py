@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from cli_runner import env_with_fake_ssh, run_mccl
 from lightning_mccl.cli import host_probe
+from lightning_mccl.cli.launch import free_port
 from lightning_mccl.cli.host_checks import FAIL, OK, WARN, hardware_ports, judge, path_fix
 from test_doctor import table_rows
 from test_launch import write_hostfile
@@ -115,7 +116,7 @@ def test_a_missing_working_directory_is_explained():
 
 def test_doctor_shows_the_interface_and_address_of_every_host(tmp_path):
     hostfile = write_hostfile(tmp_path / "fleet.yaml", 2, ifname0="lo")
-    r = run_mccl("doctor", "--hostfile", hostfile, "--size-mib", "0.25", "--iters", "1", "--latency-iters", "2",
+    r = run_mccl("doctor", "--hostfile", hostfile, "--master-port", free_port(), "--size-mib", "0.25", "--iters", "1", "--latency-iters", "2",
                  env=env_with_fake_ssh())
     assert r.returncode == 0, r.stdout + r.stderr
     rows = table_rows(r.stdout, "Host setup")
