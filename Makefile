@@ -1,6 +1,6 @@
 # The two commands a newcomer needs:
-#   make demo   creates .venv, installs torch, Lightning and this package, then fine-tunes the ViT recipe on
-#               2 local CPU ranks over loopback (configs/vit_local.yaml)
+#   make demo   creates .venv, installs torch, Lightning and this package, then trains the ViT recipe (from
+#               scratch) on 2 local CPU ranks over loopback (configs/vit_local.yaml)
 #   make test   the same setup, then the engine's C++ tests (also under ASan+UBSan) and the pytest suite
 PYTHON ?= python3
 VENV ?= .venv

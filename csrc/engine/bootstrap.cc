@@ -269,8 +269,11 @@ Mesh connect_mesh(Store& store, int rank, int size, const std::string& listen_ho
   if (size == 1) return mesh;
 
   // Room for peers and strangers arriving at once.
-  Listener listener(listen_host, std::max(size * config.nsocks, 128));
+  Listener listener(listen_host, std::max(size * config.nsocks, 128), config.port_min, config.port_max);
   mesh.listen_address = listener.address();
+  log(LogLevel::kInfo, "rank ", rank, "/", size, " listening on ", mesh.listen_address, " (",
+      config.socket_ifname.empty() ? "the address that routes to MASTER_ADDR" : "MCCL_SOCKET_IFNAME=" + config.socket_ifname,
+      "), connecting to ", size - 1, " peer(s)");
   if (rank == 0) {
     random_bytes(&mesh.comm_id, sizeof(mesh.comm_id));
     store.set("mccl/comm_id", std::to_string(mesh.comm_id));

@@ -45,6 +45,25 @@ std::chrono::milliseconds env_seconds(const char* name, std::chrono::millisecond
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
 }
 
+// "LOW-HIGH", 1 <= LOW <= HIGH <= 65535.
+void read_port_range(Config& c) {
+  const char* value = env("MCCL_PORT_RANGE");
+  if (value == nullptr) return;
+  const std::string text = value;
+  const auto dash = text.find('-');
+  auto port = [&](const std::string& part) -> long {
+    if (part.empty() || part.size() > 5 || part.find_first_not_of("0123456789") != std::string::npos) return -1;
+    return std::stol(part);
+  };
+  const long low = dash == std::string::npos ? -1 : port(text.substr(0, dash));
+  const long high = dash == std::string::npos ? -1 : port(text.substr(dash + 1));
+  if (low < 1 || high < 1 || low > 65535 || high > 65535 || low > high)
+    fail(Error::Kind::kInvalidArgument, "MCCL_PORT_RANGE='", text,
+         "' is not a port range LOW-HIGH with 1 <= LOW <= HIGH <= 65535 (example: 29600-29700)");
+  c.port_min = static_cast<uint16_t>(low);
+  c.port_max = static_cast<uint16_t>(high);
+}
+
 constexpr size_t kMinSecretBytes = 16;
 
 std::string strip_trailing_space(std::string text) {
@@ -81,6 +100,7 @@ void read_auth_secret(Config& c) {
 Config Config::from_env() {
   Config c;
   if (const char* v = env("MCCL_SOCKET_IFNAME")) c.socket_ifname = v;
+  read_port_range(c);
   if (const char* v = env("MCCL_ALGO")) {
     std::string algo = v;
     if (algo == "auto") c.algo = AlgoChoice::kAuto;

@@ -17,6 +17,11 @@ struct Config {
   // MCCL_SOCKET_IFNAME: network interface whose IPv4/IPv6 address this rank listens on (like GLOO_SOCKET_IFNAME).
   // Empty: the interface that routes to MASTER_ADDR, else loopback.
   std::string socket_ifname;
+  // MCCL_PORT_RANGE: "LOW-HIGH" (e.g. 29600-29700): the only ports a rank's listener binds (the lowest free
+  // one; a rank listens only while connecting), so a firewall can allow exactly them. 0-0 (unset): any
+  // ephemeral port the OS picks.
+  uint16_t port_min = 0;
+  uint16_t port_max = 0;
   // MCCL_ALGO: auto | ring | rd (recursive doubling). Forces the allreduce algorithm.
   AlgoChoice algo = AlgoChoice::kAuto;
   // MCCL_RD_MAX_BYTES: in auto mode, allreduces up to this size use recursive doubling, larger ones the ring;

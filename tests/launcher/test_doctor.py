@@ -66,12 +66,12 @@ def test_doctor_local_2_measures_pair_0_1_and_the_allreduce(tmp_path):
     hosts = table_rows(r.stdout, "Hosts")
     assert [row[:4] for row in hosts[1:]] == [["0", "local", "127.0.0.1", "yes"], ["1", "local", "127.0.0.1", "yes"]]
     links = table_rows(r.stdout, "Links")
-    assert links[0][:5] == ["pair", "hosts", "latency µs", "a→b GB/s", "b→a GB/s"]
+    assert links[0][:5] == ["pair", "hosts", "latency µs", "a→b Gbit/s", "b→a Gbit/s"]
     (pair,) = [row for row in links[1:] if row[0] == "(0, 1)"]
     latency, ab, ba = (float(x) for x in pair[2:5])
     assert latency > 0 and ab > 0 and ba > 0, pair
     allreduce = table_rows(r.stdout, "Allreduce")
-    assert allreduce[0] == ["ranks", "size", "time ms", "algbw GB/s", "busbw GB/s"]
+    assert allreduce[0] == ["ranks", "size", "time ms", "algbw Gbit/s", "busbw Gbit/s"]
     assert allreduce[1][:2] == ["2", "16 MiB"] and float(allreduce[1][4]) > 0
     assert "all checks passed" in r.stderr
 

@@ -114,7 +114,8 @@ def test_ssh_argv_for_a_two_host_hostfile():
                     "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "NODE_RANK": str(node), "GROUP_RANK": str(node),
                     "MCCL_NODE_RANK": str(node), "MCCL_DEBUG": "INFO", "HF_HOME": "/data/hf",
                     "PYTHONUNBUFFERED": "1", "MCCL_RESTART_COUNT": "0", "MCCL_MAX_RESTARTS": "0",
-                    "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0"}
+                    "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+                    "TORCHELASTIC_RUN_ID": plan.run_id, "MCCL_HOSTS": "studio-01,studio-02", "MCCL_CAFFEINATE": "auto"}
         if node == 0:
             expected["MCCL_SOCKET_IFNAME"] = "en8"  # the host's ifname, never the launcher's en0
         assert shim["env"] == expected
@@ -234,7 +235,8 @@ def test_sigint_stops_every_rank_and_exits_130(tmp_path):
     assert_all_gone(pids)
     assert "received SIGINT: stopping all ranks" in err
     lines = prefixed(out)
-    assert "KeyboardInterrupt" in lines["local r0"] and "KeyboardInterrupt" in lines["local r1"]  # got SIGINT
+    for label in ("local r0", "local r1"):  # one line each (quiet_stop); 130: the rank died of the SIGINT
+        assert lines[label][-1].startswith("stopped by the launcher (exit code 130)"), out
 
 
 def test_ranks_ignoring_sigint_are_killed_after_the_grace(tmp_path):

@@ -10,7 +10,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 # Variables that would make Lightning, torch or MacFleetEnvironment think a launcher placed this process.
 LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK", "LOCAL_RANK", "RANK", "WORLD_SIZE",
-               "LOCAL_WORLD_SIZE", "MCCL_NODE_RANK", "MCCL_HOSTFILE", "MCCL_SOCKET_IFNAME", "TORCHELASTIC_RUN_ID",
+               "LOCAL_WORLD_SIZE", "MCCL_NODE_RANK", "MCCL_HOSTFILE", "MCCL_SOCKET_IFNAME", "TORCHELASTIC_RUN_ID", "MCCL_HOSTS",
                "PL_GLOBAL_SEED", "STANDALONE_PORT")
 
 

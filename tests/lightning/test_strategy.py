@@ -150,7 +150,7 @@ def test_mccl_group_is_destroyed_at_exit_unlike_lightnings_gloo_group(fits):
     ("lightning_mccl", "cli_string", "LightningEnvironment"),
     ("lightning_mccl", "cli_class_path", "LightningEnvironment"),
     ("torchrun", "mccl", "TorchElasticEnvironment"),
-    ("mccl_launch", "mccl", "LightningEnvironment"),
+    ("mccl_launch", "mccl", "TorchElasticEnvironment"),  # mccl launch marks its ranks as torchrun does
 ])
 def test_fit_over_mccl_equals_lightning_ddp_over_gloo(fits, launch, run, environment):
     ref = reference(fits)

@@ -359,6 +359,7 @@ def test_mac_configs_instantiate_with_lightning_cli(name, nodes, mps_stand_in, r
         from lightning_mccl.lightning import MCCLStrategy
 
         assert isinstance(trainer.strategy, MCCLStrategy)
+        assert trainer.strategy._timeout.total_seconds() == 600  # the fleet-sized group timeout
     assert isinstance(cli.datamodule, ImageDataModule) and cli.datamodule.dataset == "cifar10"
     assert cli.model.hparams.num_classes == 10  # linked from the data
     assert cli.model.hparams.img_size == cli.datamodule.image_size == 224

@@ -24,7 +24,11 @@ from typing import Dict, List, Optional, Sequence
 from rich.markup import escape
 from rich.table import Table
 
+from pathlib import Path
+
 from ..hostfile import HostfileError
+from . import host_probe
+from .host_checks import FAIL, OK, Finding, judge, path_fix
 from .console import make_log, stderr_console, stdout_console
 from .doctor_bench import RESULT_MARKER
 from .launch import (LaunchError, LaunchPlan, _positive_int, _seconds, add_fleet_arguments, plan_from_args,
@@ -38,8 +42,9 @@ VERSIONS = (("python", "python"), ("torch", "torch"), ("lightning_mccl", "lightn
 # A link slower than this fraction of the fleet's median bandwidth is marked "slow".
 SLOW_FRACTION = 0.5
 
-# Runs on every host with the Python the ranks use (standard library only, no torch import: fast).
-PROBE_SOURCE = r"""
+# Runs on every host with the Python the ranks use (standard library only, no torch import: fast), after
+# host_probe's source (its `collect`: the setup that host_checks judges).
+PROBE_SOURCE = Path(host_probe.__file__).read_text() + r"""
 import json, os, platform, socket, sys
 from importlib import metadata
 
@@ -62,7 +67,7 @@ if os.environ.get("NODE_RANK") == "0":  # the rendezvous host
 print("MCCL_DOCTOR_PROBE " + json.dumps({
     "hostname": socket.gethostname(), "python": platform.python_version(), "executable": sys.executable,
     "platform": platform.platform(), "torch": version("torch"), "lightning_mccl": version("lightning-mccl"),
-    "lightning": version("lightning"), "port_error": port_error}), flush=True)
+    "lightning": version("lightning"), "port_error": port_error, "setup": collect()}), flush=True)
 """
 
 
@@ -118,7 +123,7 @@ def _mib(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_fleet_arguments(parser)
+    add_fleet_arguments(parser, runs_command=False)
     parser.add_argument("--size-mib", metavar="MIB", type=_mib, default=16.0,
                         help="message size for bandwidth and allreduce (default: %(default)g MiB)")
     parser.add_argument("--iters", metavar="N", type=_positive_int, default=5,
@@ -136,7 +141,8 @@ def check_hosts(reports: Sequence[HostReport]) -> List[str]:
     for r in reports:
         if r.info is None:
             last = next((t for t in reversed(r.output) if t.strip()), "no output")
-            problems.append(f"{r.name}: no answer (exit code {r.returncode}): {last}")
+            fix = path_fix(r.output)
+            problems.append(f"{r.name}: no answer (exit code {r.returncode}): {last}" + (f"; fix: {fix}" if fix else ""))
             continue
         for key in ("torch", "lightning_mccl"):
             if not r.info.get(key):
@@ -177,10 +183,25 @@ def hosts_table(reports: Sequence[HostReport], port: int) -> Table:
     return table
 
 
+def setup_findings(reports: Sequence[HostReport]) -> List[Finding]:
+    return [f for r in reports if r.info is not None and r.info.get("setup") for f in judge(r.name, r.info["setup"])]
+
+
+def setup_table(findings: Sequence[Finding]) -> Table:
+    table = Table(title="Host setup", title_justify="left")
+    for col in ("host", "check", "state", "detail", "fix"):
+        table.add_column(col)
+    colour = {OK: "green", FAIL: "red"}
+    for f in findings:
+        table.add_row(escape(f.host), f.check, f"[{colour.get(f.state, 'yellow')}]{f.state}[/]", escape(f.detail),
+                      escape(f.fix or ""))
+    return table
+
+
 def links_table(result: dict, plan: LaunchPlan) -> Table:
     table = Table(title="Links (mccl send/recv)", title_justify="left")
-    for col, justify in (("pair", "left"), ("hosts", "left"), ("latency µs", "right"), ("a→b GB/s", "right"),
-                         ("b→a GB/s", "right"), ("note", "left")):
+    for col, justify in (("pair", "left"), ("hosts", "left"), ("latency µs", "right"), ("a→b Gbit/s", "right"),
+                         ("b→a Gbit/s", "right"), ("note", "left")):
         table.add_column(col, justify=justify)
     bws = [bw for p in result["pairs"] for bw in (p["bandwidth_ab"], p["bandwidth_ba"])]
     median_bw = statistics.median(bws) if bws else 0.0
@@ -188,7 +209,7 @@ def links_table(result: dict, plan: LaunchPlan) -> Table:
         a, b = p["a"], p["b"]
         slow = len(result["pairs"]) >= 3 and min(p["bandwidth_ab"], p["bandwidth_ba"]) < SLOW_FRACTION * median_bw
         table.add_row(f"({a}, {b})", escape(f"{plan.hosts[a].name} ↔ {plan.hosts[b].name}"), f"{p['latency_s'] * 1e6:.1f}",
-                      f"{p['bandwidth_ab'] / 1e9:.3f}", f"{p['bandwidth_ba'] / 1e9:.3f}",
+                      f"{p['bandwidth_ab'] * 8 / 1e9:.3f}", f"{p['bandwidth_ba'] * 8 / 1e9:.3f}",
                       "[red]slow[/]" if slow else "")
     return table
 
@@ -196,10 +217,10 @@ def links_table(result: dict, plan: LaunchPlan) -> Table:
 def allreduce_table(result: dict) -> Table:
     ar = result["allreduce"]
     table = Table(title="Allreduce (mccl, float32 sum)", title_justify="left")
-    for col in ("ranks", "size", "time ms", "algbw GB/s", "busbw GB/s"):
+    for col in ("ranks", "size", "time ms", "algbw Gbit/s", "busbw Gbit/s"):
         table.add_column(col, justify="right")
     table.add_row(str(result["world_size"]), _size(ar["size_bytes"]), f"{ar['seconds'] * 1e3:.2f}",
-                  f"{ar['algbw'] / 1e9:.3f}", f"{ar['busbw'] / 1e9:.3f}")
+                  f"{ar['algbw'] * 8 / 1e9:.3f}", f"{ar['busbw'] * 8 / 1e9:.3f}")
     return table
 
 
@@ -227,8 +248,16 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     reports = [HostReport(i, h.name, h.addr, codes.get(i), captured.marked(i, PROBE_MARKER), captured.tail(i))
                for i, h in enumerate(probe_plan.hosts)]
     out.print(hosts_table(reports, probe_plan.master_port))
+    findings = setup_findings(reports)
+    if findings:
+        out.print(setup_table(findings))
     problems = check_hosts(reports)
+    for f in findings:
+        if f.state != OK:
+            line = f"{f.host}: {f.check}: {f.detail}" + (f"; fix: {f.fix}" if f.fix else "")
+            (problems.append(line) if f.state == FAIL else log(f"[warning] {line}"))
     blocking = [r for r in reports if r.info is None or not r.info.get("torch") or not r.info.get("lightning_mccl")]
+    blocking += [f for f in findings if f.state == FAIL]
     port_busy = reports[0].info is not None and reports[0].info.get("port_error")
     for p in problems:
         log(f"[problem] {p}")

@@ -12,8 +12,12 @@ host's ``ifname``. ``--local N`` is the same with N "hosts" that are this machin
 (for ``Trainer(devices=P)`` on one machine, use ``--local 1 --nproc-per-node P``). ``--switch TAG`` runs
 host i's ranks inside host i of the emulated switch TAG (`mccl switch up`, Linux and root only): MASTER_ADDR
 is host 0's address there and MCCL_SOCKET_IFNAME its interface, so the ranks talk over the shaped links.
-Lightning reads these variables through its default LightningEnvironment (LOCAL_RANK set: the processes were
-started outside).
+Every rank also gets TORCHELASTIC_RUN_ID (one id per job), torchrun's marker, so Lightning reads these
+variables through its TorchElasticEnvironment: a ``Trainer(num_nodes=..., devices=...)`` whose product is not
+WORLD_SIZE fails at once on every rank, as under torchrun; MCCL_HOSTS (the host names, in node order: the
+rendezvous names the hosts of missing ranks with it); and MCCL_CAFFEINATE (``--caffeinate``: on a macOS host
+the rank shim runs ``caffeinate -dims -w PID`` for the rank, so the Mac does not sleep during the job).
+``--port-range LOW-HIGH`` sets MCCL_PORT_RANGE: the engine's listeners bind only those ports.
 
 What every rank also gets: the launcher's MCCL_* variables (engine tuning such as MCCL_DEBUG; per-host
 ones excepted), the ``--env`` variables, PYTHONUNBUFFERED=1 (so output streams as it is printed) unless
@@ -48,6 +52,7 @@ import re
 import shlex
 import socket
 import sys
+import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
@@ -55,7 +60,8 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 from ..hostfile import Host, Hostfile, HostfileError, load_hostfile
 from . import rank_shim
 from ..switch.netns import exec_argv as netns_exec_argv
-from .supervise import Outcome, RankSpec, Supervisor
+from .quiet_stop import QuietStop, wants_everything
+from .supervise import Outcome, PrefixedOutput, RankSpec, Supervisor
 
 DEFAULT_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=15 -o ServerAliveCountMax=4"
 DEFAULT_GRACE_S = 10.0
@@ -126,6 +132,8 @@ class LaunchPlan:
     netns: Optional[Tuple[str, ...]] = None
     restart: int = 0  # which attempt this is (0: the first)
     max_restarts: int = 0
+    caffeinate: str = "auto"  # the rank shim's MCCL_CAFFEINATE: auto (macOS hosts), on, off
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # one per job, kept by restarts
 
     @property
     def world_size(self) -> int:
@@ -166,6 +174,12 @@ class LaunchPlan:
             "MCCL_MAX_RESTARTS": str(self.max_restarts),
             "TORCHELASTIC_RESTART_COUNT": str(self.restart),
             "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts),
+            # torchrun's marker: Lightning then picks TorchElasticEnvironment, which reads WORLD_SIZE and RANK
+            # and rejects a Trainer(num_nodes x devices) that does not match them (LightningEnvironment,
+            # picked otherwise, ignores WORLD_SIZE and waits forever for ranks that were never launched).
+            "TORCHELASTIC_RUN_ID": self.run_id,
+            "MCCL_HOSTS": ",".join(h.name for h in self.hosts),  # host of rank r: r // LOCAL_WORLD_SIZE
+            "MCCL_CAFFEINATE": self.caffeinate,
         })
         ifname = self.hosts[node_rank].ifname
         if ifname:
@@ -284,8 +298,21 @@ def _seconds(text: str) -> float:
     return value
 
 
-def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options `mccl launch` and `mccl doctor` share: which hosts, and how to reach them."""
+def _port_range(text: str) -> str:
+    low, sep, high = text.partition("-")
+    try:
+        lo, hi = int(low), int(high)
+    except ValueError:
+        lo = hi = 0
+    if not sep or not 1 <= lo <= hi <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port range LOW-HIGH (1 <= LOW <= HIGH <= 65535), "
+                                         "e.g. 29600-29700")
+    return f"{lo}-{hi}"
+
+
+def add_fleet_arguments(parser: argparse.ArgumentParser, runs_command: bool = True) -> None:
+    """The options `mccl launch` and `mccl doctor` share: which hosts, and how to reach them (doctor, which
+    takes no command: `runs_command=False`, --grace hidden)."""
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--hostfile", metavar="FILE", help="fleet hostfile (YAML or JSON): the hosts, reached by ssh")
     where.add_argument("--local", metavar="N", type=_positive_int,
@@ -296,18 +323,20 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rendezvous port on host 0 (default: the hostfile's master_port; a free port with --local)")
     parser.add_argument("--chdir", metavar="DIR", help="working directory of every rank (default: this one)")
     parser.add_argument("--python", metavar="PY", default=sys.executable,
-                        help="Python on the hosts, also for a command starting with `python` (default: %(default)s)")
+                        help=("Python on the hosts, also for a command starting with `python`" if runs_command else
+                              "Python on the hosts (the one the ranks will use)") + " (default: %(default)s)")
     parser.add_argument("--ssh", metavar="CMD", default=DEFAULT_SSH,
                         help="ssh command and options (default: %(default)r); -T is always added")
     parser.add_argument("--grace", metavar="S", type=_seconds, default=DEFAULT_GRACE_S,
                         help="seconds ranks get to exit after being asked to stop, before they are killed "
-                             "(default: %(default)g)")
+                             "(default: %(default)g)" if runs_command else argparse.SUPPRESS)
 
 
 EPILOG = """\
 every rank gets torchrun's variables: MASTER_ADDR (host 0's addr), MASTER_PORT, WORLD_SIZE, RANK,
 LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (= GROUP_RANK = MCCL_NODE_RANK), and MCCL_SOCKET_IFNAME from the
-host's ifname. --local N acts as N hosts of --nproc-per-node ranks each: Trainer(num_nodes=N) runs unchanged.
+host's ifname; TORCHELASTIC_RUN_ID (Lightning then checks num_nodes x devices against WORLD_SIZE).
+--local N acts as N hosts of --nproc-per-node ranks each: Trainer(num_nodes=N) runs unchanged.
 
 output: every line of every rank, prefixed [host rN], on stdout; the launcher's messages on stderr.
 exit code: the first failing rank's (the others are stopped at once), 130 after Ctrl-C, 0 when all succeed.
@@ -323,6 +352,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-restarts", metavar="N", type=_non_negative_int, default=0,
                         help="when a rank fails, stop all ranks and start them all again, up to N times "
                              "(default: 0); ranks see MCCL_RESTART_COUNT")
+    parser.add_argument("--caffeinate", action=argparse.BooleanOptionalAction, default=None,
+                        help="keep each host awake while its ranks run (`caffeinate -dims`); default: on for "
+                             "macOS hosts, off elsewhere")
+    parser.add_argument("--port-range", metavar="LOW-HIGH", type=_port_range,
+                        help="the only ports ranks listen on while connecting (sets MCCL_PORT_RANGE; "
+                             "e.g. 29600-29700), so a firewall can allow them; default: any free port")
     parser.add_argument("--env", metavar="NAME[=VALUE]", action="append", default=[],
                         help="set NAME for every rank (NAME alone: this shell's value); repeatable")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command every rank runs, after --")
@@ -384,18 +419,22 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
         parser.error("missing the command to run, e.g. mccl launch --local 2 -- python train.py")
     try:
         env = parse_env(args.env)
+        if args.port_range:
+            env["MCCL_PORT_RANGE"] = args.port_range
         command, replaced = resolve_command(command, args.python)
         plan = plan_from_args(args, command, nproc_per_node=args.nproc_per_node, env=env)
     except (LaunchError, HostfileError) as e:
         parser.error(str(e))
-    plan = replace(plan, max_restarts=args.max_restarts)
+    caffeinate = {None: "auto", True: "on", False: "off"}[args.caffeinate]
+    plan = replace(plan, max_restarts=args.max_restarts, caffeinate=caffeinate)
     log = make_log(stderr_console())
     log(f"launching {plan.describe()}: {shlex.join(plan.command)}")
     if replaced:
         log(f"`python` runs as {plan.python} (see --python)")
     fresh_port = args.local is not None and args.master_port is None
     while True:
-        outcome = supervise(plan, log=log)
+        output = PrefixedOutput(plan.rank_specs())  # after Ctrl-C: one line per rank (see quiet_stop)
+        outcome = supervise(plan, log=log, output=output if wants_everything() else QuietStop(output))
         if outcome.reason != "failed" or plan.restart >= plan.max_restarts:
             break
         f = outcome.failed

@@ -12,6 +12,8 @@ remote one at the end of an ``ssh`` connection) it starts this small, stdlib-onl
 - reads control lines from stdin: ``INT``, ``TERM``, ``KILL`` send that signal to the whole process group;
 - on end of file of stdin (the launcher died, or its ``ssh`` connection dropped) sends SIGTERM to the
   group and SIGKILL ``grace`` seconds later, so no rank outlives its launcher;
+- with MCCL_CAFFEINATE ``on`` (or ``auto`` on macOS) in the rank's environment, runs ``caffeinate -dims -w
+  PID`` beside the command, so the Mac stays awake (display, idle, disk, system) until the command exits;
 - when the command exits, kills whatever it left behind in its process group (an orphan holding the
   output pipe open would keep ``ssh`` from ever returning) and exits with the command's exit code
   (128 + N for a command killed by signal N, as shells report it).
@@ -29,6 +31,7 @@ nothing outside the standard library.
 import base64
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,6 +57,22 @@ def _say(label, message):
         sys.stderr.flush()
     except (OSError, ValueError):  # nobody is listening any more (the launcher is gone)
         pass
+
+
+def _caffeinate(mode, pid, env, label):
+    """`caffeinate -dims -w pid` (macOS's keep-awake tool, stopping by itself when `pid` exits), or None."""
+    if mode == "off" or (mode != "on" and sys.platform != "darwin"):
+        return None
+    path = shutil.which("caffeinate", path=env.get("PATH"))
+    if path is None:
+        _say(label, "caffeinate not found: this host may sleep during the job (see pmset)")
+        return None
+    try:
+        return subprocess.Popen([path, "-dims", "-w", str(pid)], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError as e:
+        _say(label, "cannot start caffeinate: %s" % e)
+        return None
 
 
 def _signal_group(pgid, sig):
@@ -107,6 +126,7 @@ def main():
         _say(label, "command not executable: %s" % argv[0])
         return 126
     pgid = child.pid  # the session (and process group) leader
+    awake = _caffeinate(env.get("MCCL_CAFFEINATE", "off"), child.pid, env, label)
     exited = threading.Event()
     killed = []
 
@@ -147,6 +167,9 @@ def main():
     code = child.wait()
     exited.set()
     _signal_group(pgid, signal.SIGKILL)  # whatever the command left behind in its group
+    if awake is not None and awake.poll() is None:
+        awake.kill()
+        awake.wait()
     return 128 - code if code < 0 else code
 
 

@@ -309,6 +309,7 @@ class Supervisor:
             return
         stopping = self._stop_reason is not None
         if r.stopped or stopping:
+            self._output_hook("rank_stopped", r.spec, code)
             return
         hint = self.explain_exit(r.spec, code) if self.explain_exit else None
         message = f"rank {r.spec.rank} on {r.spec.host} exited with code {code}" + (f" ({hint})" if hint else "")
@@ -329,6 +330,7 @@ class Supervisor:
                 self._signal = signum
             if self._stop_reason is None:
                 self.log(f"received {name}: stopping all ranks (send it again to kill them at once)")
+                self._output_hook("begin_stop")
                 self._stop("INT" if signum == signal.SIGINT else "TERM", f"received {name}")
             elif self._force_at is None:
                 self.log(f"received {name} while stopping: killing all ranks")
@@ -378,9 +380,13 @@ class Supervisor:
         self._flush()
 
     def _flush(self) -> None:
-        flush = getattr(self.output, "flush", None)
-        if flush is not None:
-            flush()
+        self._output_hook("flush")
+
+    def _output_hook(self, name: str, *args) -> None:
+        """Calls output.<name>(*args) when the output has it (flush; begin_stop, rank_stopped: `quiet_stop`)."""
+        hook = getattr(self.output, name, None)
+        if hook is not None:
+            hook(*args)
 
     def _outcome(self) -> Outcome:
         exits = tuple(RankExit(r.spec, r.code, r.stopped) for r in self._ranks)

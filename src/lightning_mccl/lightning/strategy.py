@@ -18,6 +18,8 @@ Lightning 2.6 (`lightning.pytorch.strategies.ddp`):
   rank 0's old TCPStore may still be up, and a rank can reach that old store ("Connection reset by peer" in
   TCPStore.waitForWorkers, seen once in about 80 re-initialisations here). Kept for the process's lifetime,
   the group is reused by later fits, as Lightning's DDP reuses its own.
+- `setup_distributed` rendezvouses through `lightning_mccl.rendezvous` (torch's TCPStore, waiting in Python):
+  ranks that have not arrived are named every few seconds, and after the group timeout in the error.
 - `set_world_ranks`: with $MCCL_HOSTFILE set and only Lightning's fallback `LightningEnvironment` chosen,
   uses `MacFleetEnvironment` (the hostfile's fleet) instead.
 - `on_exception`: the unused-parameters hint names the mccl strategy names.
@@ -167,8 +169,9 @@ class MCCLStrategy(DDPStrategy):
         self._choose_compression()
         _compress.set_engine_wire(self._compress_plan.wire)  # read by the engine when the group starts
         created = not torch.distributed.is_initialized()
+        kwargs = {"store": self._rendezvous()} if created else {}
         # No device_id: MCCL needs no device binding, and a bound default group binds every later group too.
-        _init_dist_connection(self.cluster_environment, BACKEND, timeout=self._timeout)
+        _init_dist_connection(self.cluster_environment, BACKEND, timeout=self._timeout, **kwargs)
         if created:
             _destroy_at_exit()
 
@@ -179,6 +182,15 @@ class MCCLStrategy(DDPStrategy):
         if plan.wire and plan.on_accelerator is not None and self.root_device.type != "cpu":
             plan = self._compress_plan = plan.on_accelerator
             self._ddp_comm_hook, self._ddp_comm_wrapper, self._ddp_comm_state = plan.hook, plan.wrapper, plan.state
+
+    def _rendezvous(self) -> torch.distributed.Store:
+        """The store of `lightning_mccl.rendezvous`: names the ranks (and hosts) that have not arrived while the
+        others wait, fails naming them after the group timeout, and honours Ctrl-C meanwhile."""
+        from ..rendezvous import rendezvous
+
+        env = self.cluster_environment
+        return rendezvous(env.main_address, env.main_port, env.global_rank(), env.world_size(),
+                          self._timeout or default_pg_timeout)
 
     @override
     def determine_ddp_device_ids(self) -> Optional[list[int]]:

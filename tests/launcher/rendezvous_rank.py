@@ -1,0 +1,28 @@
+"""One rank of the rendezvous tests: `python rendezvous_rank.py PORT RANK WORLD TIMEOUT_S REPORT_S`.
+
+Rendezvouses through `lightning_mccl.rendezvous` (hosts from MCCL_HOSTS), then proves the store is shared:
+sets its own key and reads every other rank's. Prints "arrived rank R saw [...]" and exits 0; on a
+RendezvousError prints "RendezvousError: ..." and exits 3."""
+import sys
+from datetime import timedelta
+
+from lightning_mccl.rendezvous import RendezvousError, rendezvous
+
+
+def main(port, rank, world, timeout_s, report_s):
+    print(f"rank {rank} starting", flush=True)
+    try:
+        store = rendezvous("127.0.0.1", port, rank, world, timedelta(seconds=timeout_s), report_s=report_s)
+    except RendezvousError as e:
+        print(f"RendezvousError: {e}", flush=True)
+        sys.exit(3)
+    store.set(f"test/{rank}", str(rank * 10))
+    seen = [store.get(f"test/{r}").decode() for r in range(world)]
+    store.set(f"done/{rank}", "1")
+    store.wait([f"done/{r}" for r in range(world)])  # rank 0's store lives until everyone has read
+    print(f"arrived rank {rank} saw {seen}", flush=True)
+
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    main(int(a[0]), int(a[1]), int(a[2]), float(a[3]), float(a[4]))
