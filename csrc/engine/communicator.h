@@ -25,6 +25,7 @@
 #include "collective.h"
 #include "config.h"
 #include "dtype.h"
+#include "stats.h"
 #include "store.h"
 #include "transport.h"
 #include "work.h"
@@ -72,12 +73,15 @@ class Communicator {
   // The fatal error, if any (nullptr while healthy).
   std::exception_ptr error() const;
   uint64_t collectives_issued() const { return next_seq_; }
+  // The traffic counters (stats.h): cheap to read from any thread.
+  CommStats::Snapshot stats() const { return stats_.snapshot(); }
 
  private:
   struct Op {
     FrameHeader identity;
     std::function<void(Collective&)> body;
     WorkPtr work;
+    Clock::time_point issued;
   };
 
   WorkPtr enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, int root, uint64_t count,
@@ -100,6 +104,7 @@ class Communicator {
   int size_;
   std::chrono::milliseconds timeout_;
   std::string listen_address_;
+  CommStats stats_;  // before transport_, which counts into it
   std::unique_ptr<Transport> transport_;
   std::vector<char> scratch_[2];
   WireBuffers wire_buffers_;

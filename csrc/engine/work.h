@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -30,6 +31,8 @@ class Work {
   void finish(std::exception_ptr error, int source = -1);
 
   explicit Work(Callback callback) : callback_(std::move(callback)) {}
+  // Time spent blocked in wait()/wait_for() is added to *counter (CommStats::Counters::wait_ns).
+  void count_waits_in(std::atomic<uint64_t>* counter) { wait_ns_ = counter; }
 
  private:
   mutable std::mutex mu_;
@@ -38,6 +41,7 @@ class Work {
   std::exception_ptr error_;
   int source_ = -1;
   Callback callback_;
+  std::atomic<uint64_t>* wait_ns_ = nullptr;
 };
 using WorkPtr = std::shared_ptr<Work>;
 
