@@ -55,6 +55,8 @@ from lightning.pytorch.trainer.connectors import accelerator_connector as _conne
 from lightning.pytorch.utilities.exceptions import _augment_message
 
 from .. import _backend  # importing the lightning_mccl package registered the "mccl" backend
+from . import comm_metrics
+from .comm_metrics import CommMetrics
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,8 @@ class MCCLStrategy(DDPStrategy):
             `fp16_compress_hook`); with `ddp_comm_hook` also given, the matching `*_compress_wrapper` wraps it.
         find_unused_parameters, static_graph, gradient_as_bucket_view, bucket_cap_mb: passed to
             `DistributedDataParallel`, like any other keyword argument (`forward_sync_buffers`, ...).
+        comm_metrics: True (default) adds a `CommMetrics` callback to fits (comm/* metrics in the loggers, the
+            straggler report); False turns it off; a `CommMetrics(...)` instance is used as given.
     """
 
     strategy_name = "mccl"
@@ -106,6 +110,7 @@ class MCCLStrategy(DDPStrategy):
         static_graph: bool = False,
         gradient_as_bucket_view: bool = False,
         bucket_cap_mb: Optional[float] = None,
+        comm_metrics: Union[bool, "CommMetrics"] = True,
         **kwargs: Any,
     ) -> None:
         if compress is not None:
@@ -150,6 +155,7 @@ class MCCLStrategy(DDPStrategy):
             **kwargs,
         )
         self.compress = compress
+        self.comm_metrics = comm_metrics
 
     def _uses_mccl(self) -> bool:
         return self._get_process_group_backend() == BACKEND
@@ -180,6 +186,11 @@ class MCCLStrategy(DDPStrategy):
         _init_dist_connection(self.cluster_environment, BACKEND, timeout=self._timeout)
         if created:
             _destroy_at_exit()
+
+    @override
+    def setup(self, trainer: "pl.Trainer") -> None:
+        comm_metrics.attach(trainer, self.comm_metrics)
+        super().setup(trainer)
 
     @override
     def determine_ddp_device_ids(self) -> Optional[list[int]]:
