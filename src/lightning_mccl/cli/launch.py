@@ -50,9 +50,9 @@ from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from ..hostfile import Host, Hostfile, HostfileError, load_hostfile
-from . import rank_shim
+from . import fleet_summary, rank_shim
 from ..switch.netns import exec_argv as netns_exec_argv
-from .supervise import Outcome, RankSpec, Supervisor
+from .supervise import Outcome, PrefixedOutput, RankSpec, Supervisor
 
 DEFAULT_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=15 -o ServerAliveCountMax=4"
 DEFAULT_GRACE_S = 10.0
@@ -372,7 +372,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     if not command:
         parser.error("missing the command to run, e.g. mccl launch --local 2 -- python train.py")
     try:
-        env = parse_env(args.env)
+        env = {**fleet_summary.rank_env(), **parse_env(args.env)}
         command, replaced = resolve_command(command, args.python)
         plan = plan_from_args(args, command, nproc_per_node=args.nproc_per_node, env=env)
     except (LaunchError, HostfileError) as e:
@@ -383,8 +383,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     if replaced:
         log(f"`python` runs as {plan.python} (see --python)")
     fresh_port = args.local is not None and args.master_port is None
+    tap = fleet_summary.SummaryTap(PrefixedOutput(plan.rank_specs()))
     while True:
-        outcome = supervise(plan, log=log)
+        outcome = supervise(plan, log=log, output=tap)
         if outcome.reason != "failed" or plan.restart >= plan.max_restarts:
             break
         f = outcome.failed
@@ -400,4 +401,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
         log(f"failed: rank {f.spec.rank} on {f.spec.host} exited with code {f.returncode}{tail}")
     else:
         log(f"stopped ({outcome.reason}); exit code {outcome.returncode}")
+    if tap.text():
+        print(tap.text(), flush=True)
     return outcome.returncode

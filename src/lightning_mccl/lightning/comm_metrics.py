@@ -40,13 +40,14 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.data import extract_batch_size
 
 from ..stats import mccl_backend, totals
-from .straggler import DEFAULT_PATIENCE, DEFAULT_THRESHOLD, RankWindow, StragglerReport, format_table
+from .straggler import (DEFAULT_PATIENCE, DEFAULT_THRESHOLD, SUMMARY_MARKER_ENV, RankWindow, StragglerReport,
+                        summary_text)
 
 PREFIX = "comm/"
 HOST_BYTES = 64
-# $MCCL_SUMMARY_MARKER set (by `mccl launch`): rank 0 also prints the end-of-fit summary as one line
-# "<marker> <json>", which the launcher takes out of the output and prints once every rank has ended.
-SUMMARY_MARKER_ENV = "MCCL_SUMMARY_MARKER"
+
+# torch 2.14 renamed all_gather_into_tensor (now deprecated) to all_gather_single
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 class CommMetrics(Callback):
@@ -148,7 +149,7 @@ class CommMetrics(Callback):
     def _gather(self, values: List[float]) -> List[RankWindow]:
         mine = torch.tensor(values, dtype=torch.float64)
         everyone = torch.empty(dist.get_world_size() * len(values), dtype=torch.float64)
-        dist.all_gather_into_tensor(everyone, mine)
+        _all_gather(everyone, mine)
         rows = everyone.view(dist.get_world_size(), len(values)).tolist()
         return [RankWindow(r, self.hosts[r], *row) for r, row in enumerate(rows)]
 
@@ -157,7 +158,7 @@ class CommMetrics(Callback):
         mine = torch.zeros(HOST_BYTES, dtype=torch.uint8)
         mine[: len(name)] = torch.tensor(list(name), dtype=torch.uint8)
         everyone = torch.empty(dist.get_world_size() * HOST_BYTES, dtype=torch.uint8)
-        dist.all_gather_into_tensor(everyone, mine)
+        _all_gather(everyone, mine)
         rows = everyone.view(-1, HOST_BYTES).tolist()
         return [bytes(b for b in row if b).decode(errors="replace") for row in rows]
 
@@ -174,25 +175,6 @@ class CommMetrics(Callback):
 
     def summary_text(self) -> str:
         return summary_text(self.summary_record())
-
-
-def summary_line(record: dict) -> str:
-    """One line: rank 0's communication share of its step time (in flight, and exposed), goodput, bytes per
-    step, and the slowest rank with its factor over the median rank's compute time."""
-    m = record["metrics"]
-    share = m["time_per_step_s"] / m["step_time_s"] if m["step_time_s"] > 0 else 0.0
-    line = (f"mccl: communication {min(1.0, share):.0%} of step time ({m['exposed_fraction']:.0%} exposed),"
-            f" goodput {m['wire_goodput_gbps']:.2f} Gb/s, {m['bytes_per_step'] / 1e6:.2f} MB/step per rank,"
-            f" {record['world_size']} ranks")
-    slowest = record.get("slowest")
-    if slowest:
-        line += (f"; slowest: rank {slowest['rank']} on {slowest['host']}"
-                 f" ({slowest['factor']:.2f}x the median compute)")
-    return line
-
-
-def summary_text(record: dict) -> str:
-    return format_table(record["hosts"]) + "\n" + summary_line(record)
 
 
 def attach(trainer: "pl.Trainer", option) -> None:

@@ -21,6 +21,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence
 
+# $MCCL_SUMMARY_MARKER set (by `mccl launch`): CommMetrics on rank 0 also prints its end-of-fit summary record
+# as one line "<marker> <json>", which the launcher takes out of the output and prints with summary_text()
+# once every rank has ended.
+SUMMARY_MARKER_ENV = "MCCL_SUMMARY_MARKER"
 DEFAULT_THRESHOLD = 0.2  # slower than the median by more than 20 %
 DEFAULT_PATIENCE = 3  # windows in a row
 
@@ -154,3 +158,22 @@ def scale_loss(loss, local_count: int, global_count: int, world_size: int):
         raise ValueError(f"scale_loss: need local_count >= 0, global_count > 0 and world_size > 0, got"
                          f" {local_count}, {global_count}, {world_size}")
     return loss * (local_count * world_size / global_count)
+
+
+def summary_line(record: dict) -> str:
+    """One line: rank 0's communication share of its step time (in flight, and exposed), goodput, bytes per
+    step, and the slowest rank with its factor over the median rank's compute time."""
+    m = record["metrics"]
+    share = m["time_per_step_s"] / m["step_time_s"] if m["step_time_s"] > 0 else 0.0
+    line = (f"mccl: communication {min(1.0, share):.0%} of step time ({m['exposed_fraction']:.0%} exposed),"
+            f" goodput {m['wire_goodput_gbps']:.2f} Gb/s, {m['bytes_per_step'] / 1e6:.2f} MB/step per rank,"
+            f" {record['world_size']} ranks")
+    slowest = record.get("slowest")
+    if slowest:
+        line += (f"; slowest: rank {slowest['rank']} on {slowest['host']}"
+                 f" ({slowest['factor']:.2f}x the median compute)")
+    return line
+
+
+def summary_text(record: dict) -> str:
+    return format_table(record["hosts"]) + "\n" + summary_line(record)
