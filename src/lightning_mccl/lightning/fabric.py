@@ -15,20 +15,18 @@ The Fabric counterpart of `MCCLStrategy` (strategy.py), with the same overrides 
 
 Fabric's connector refuses a `ParallelStrategy` instance with an MPS accelerator
 (`_Connector._check_config_and_set_final_flags`) exactly as the Trainer's does; the names above pass it (no
-"ddp"/"dp" in them), and `_open_fabric_mps_gate` lets `MCCLFabricStrategy` instances through that one check,
-the way strategy.py's `_open_mps_gate` does for the Trainer. No CommMetrics here: Fabric has no callbacks
+"ddp"/"dp" in them), and `open_mps_gate` (mps_gate.py) lets `MCCLFabricStrategy` instances through that one
+check, as it does `MCCLStrategy` in the Trainer's. No CommMetrics here: Fabric has no callbacks
 it calls on its own; `lightning_mccl.stats()` gives the same counters to a Fabric loop.
 """
 from __future__ import annotations
 
-import functools
 from datetime import timedelta
 from typing import Any, Optional, Union
 
 from typing_extensions import override
 
 from lightning.fabric import connector as _fabric_connector
-from lightning.fabric.accelerators import MPSAccelerator
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy
@@ -38,6 +36,7 @@ from lightning.fabric.utilities.distributed import _init_dist_connection
 import torch
 
 from .. import _backend
+from .mps_gate import open_mps_gate
 from .strategy import _destroy_at_exit
 
 BACKEND = _backend.BACKEND_NAME
@@ -93,40 +92,5 @@ class MCCLFabricStrategy(DDPStrategy):
                                    find_unused_parameters=True, start_method="popen")
 
 
-class _MPSGateOpen(MPSAccelerator):
-    @staticmethod
-    def is_available() -> bool:
-        return False
-
-
-def _open_fabric_mps_gate() -> None:
-    """Lets `MCCLFabricStrategy` instances through Fabric's connector MPS check (see the module docstring): for
-    them only, `_check_config_and_set_final_flags` runs with the connector module's `MPSAccelerator` reporting
-    no MPS, the one thing it reads MPS availability for, and the name is put back before it returns."""
-    cls = _fabric_connector._Connector
-    original = cls._check_config_and_set_final_flags
-    if getattr(original, "_mccl_gate", False):
-        return
-
-    @functools.wraps(original)
-    def _check_config_and_set_final_flags(self: Any, *args: Any, **kwargs: Any) -> None:
-        strategy = kwargs["strategy"] if "strategy" in kwargs else (args[0] if args else None)
-        if not isinstance(strategy, MCCLFabricStrategy):
-            return original(self, *args, **kwargs)
-        gate = _fabric_connector.MPSAccelerator
-        _fabric_connector.MPSAccelerator = _MPSGateOpen
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            _fabric_connector.MPSAccelerator = gate
-
-    _check_config_and_set_final_flags._mccl_gate = True  # type: ignore[attr-defined]
-    cls._check_config_and_set_final_flags = _check_config_and_set_final_flags
-
-
-if not hasattr(_fabric_connector, "MPSAccelerator") or not hasattr(_fabric_connector._Connector,
-                                                                     "_check_config_and_set_final_flags"):
-    raise ImportError("lightning-mccl: this Lightning's Fabric connector has no MPSAccelerator /"
-                      " _Connector._check_config_and_set_final_flags; the Fabric MPS gate cannot be opened")
 MCCLFabricStrategy.register_strategies(STRATEGY_REGISTRY)
-_open_fabric_mps_gate()
+open_mps_gate(_fabric_connector, _fabric_connector._Connector, MCCLFabricStrategy)

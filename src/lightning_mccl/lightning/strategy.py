@@ -30,7 +30,6 @@ registered names below avoid "ddp"; for instances (`strategy=MCCLStrategy(...)`,
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 from datetime import timedelta
 from typing import Any, Callable, Literal, Optional, Union
@@ -47,7 +46,6 @@ from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.fabric.strategies import _StrategyRegistry
 from lightning.fabric.utilities.distributed import _destroy_dist_connection, _init_dist_connection
 from lightning.fabric.utilities.seed import reset_seed
-from lightning.pytorch.accelerators import MPSAccelerator
 from lightning.pytorch.overrides.distributed import _register_ddp_comm_hook
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
@@ -57,6 +55,7 @@ from lightning.pytorch.utilities.exceptions import _augment_message
 from .. import _backend  # importing the lightning_mccl package registered the "mccl" backend
 from . import comm_metrics
 from .comm_metrics import CommMetrics
+from .mps_gate import open_mps_gate
 
 log = logging.getLogger(__name__)
 
@@ -267,41 +266,9 @@ def _destroy_at_exit() -> None:
         _destroy_registered = True
 
 
-class _MPSGateOpen(MPSAccelerator):
-    @staticmethod
-    def is_available() -> bool:
-        return False
-
-
 def _open_mps_gate() -> None:
-    """Lets `MCCLStrategy` instances through the accelerator connector's MPS check.
-
-    `_AcceleratorConnector._check_config_and_set_final_flags` raises "strategies from the DDP family are not
-    supported on the MPS accelerator" for every ParallelStrategy instance when MPS is available and the
-    accelerator is "mps"/"auto"/"gpu". That is true of Gloo, not of mccl, and no override of the strategy can
-    change an isinstance check. So for an MCCLStrategy instance, and only for one, that method runs with the
-    module's `MPSAccelerator` reporting no MPS, the only thing it reads MPS availability for; the name is put
-    back before the call returns. Every other strategy goes through Lightning's method untouched.
-    """
-    cls = _connector._AcceleratorConnector
-    original = cls._check_config_and_set_final_flags
-    if getattr(original, "_mccl_gate", False):
-        return
-
-    @functools.wraps(original)
-    def _check_config_and_set_final_flags(self: Any, *args: Any, **kwargs: Any) -> None:
-        strategy = kwargs["strategy"] if "strategy" in kwargs else (args[0] if args else None)
-        if not isinstance(strategy, MCCLStrategy):
-            return original(self, *args, **kwargs)
-        gate = _connector.MPSAccelerator
-        _connector.MPSAccelerator = _MPSGateOpen
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            _connector.MPSAccelerator = gate
-
-    _check_config_and_set_final_flags._mccl_gate = True  # type: ignore[attr-defined]
-    cls._check_config_and_set_final_flags = _check_config_and_set_final_flags
+    """Lets `MCCLStrategy` instances through the Trainer connector's MPS check (mps_gate.py)."""
+    open_mps_gate(_connector, _connector._AcceleratorConnector, MCCLStrategy)
 
 
 MCCLStrategy.register_strategies(StrategyRegistry)
