@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lightning_mccl.lightning.straggler import (RankWindow, StragglerReport, format_table, propose_batch_sizes,
-                                                scale_loss)
+                                                scale_loss, summary_text)
 
 
 def window(computes, hosts=("a", "a", "b")):
@@ -26,6 +26,23 @@ def test_warning_needs_patience_and_names_host_and_factor():
     assert "over the last 15 steps" in message
     assert report.add(window([0.1, 0.1, 0.3])) == []  # once per rank
     assert StragglerReport(threshold=0.5, patience=1).add(window([0.1, 0.1, 0.14])) == []  # under the threshold
+
+
+def test_proposal_after_a_warning_keeps_the_fleets_global_batch():
+    report = StragglerReport(threshold=0.2, patience=1)
+    # 8 samples per rank and step; host b's one rank computes 4x as long as each of host a's two: per compute
+    # second a does 2 * 80 samples, b 20, so of the 24 samples b gets 3 and a 21 (~0.13 s vs 0.15 s of compute).
+    assert report.add(window([0.1, 0.1, 0.4])) != []
+    proposal = report.proposal()
+    assert sum(proposal.values()) == 24
+    assert proposal == {"a": 21, "b": 3}
+    text = summary_text({"metrics": {"time_per_step_s": 0.1, "step_time_s": 0.4, "exposed_fraction": 0.5,
+                                     "wire_goodput_gbps": 1.0, "bytes_per_step": 1e6},
+                         "hosts": report.host_table(), "slowest": report.slowest_rank(), "world_size": 3,
+                         "proposal": proposal})
+    assert text.splitlines()[-1].startswith("mccl: batch sizes per host that would equalise step time, same global"
+                                            " batch: a: 21, b: 3")
+    assert StragglerReport().proposal() is None
 
 
 def test_host_table_and_slowest_rank():

@@ -171,6 +171,7 @@ class CommMetrics(Callback):
 
     def summary_record(self) -> dict:
         return {"metrics": self.totals(), "hosts": self.report.host_table(), "slowest": self.report.slowest_rank(),
+                "proposal": self.report.proposal(),
                 "world_size": len(self.hosts)}
 
     def summary_text(self) -> str:

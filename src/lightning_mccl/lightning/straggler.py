@@ -10,7 +10,8 @@ feeds them to a `StragglerReport`:
   samples/s of its ranks together, and `format_table()` prints it.
 
 For a fleet of unequal Macs, `propose_batch_sizes()` splits a global batch in proportion to each host's
-samples/s, so that every host's compute takes about as long; nothing applies it by itself. A rank then
+samples per second of compute, so that every host's compute takes about as long; nothing applies it by
+itself (after a straggler warning, the end-of-fit summary prints its proposal, `StragglerReport.proposal()`). A rank then
 trains on its own share of the global batch, and `scale_loss()` weights its mean loss by that share, so that
 DDP's average of the ranks' gradients is the gradient of the mean loss over the global batch, as with equal
 batches.
@@ -94,6 +95,30 @@ class StragglerReport:
         return {"rank": rank, "host": per_rank[rank][0].host, "compute_s": medians[rank],
                 "factor": medians[rank] / middle if middle > 0 else 1.0}
 
+    def proposal(self) -> Optional[Dict[str, int]]:
+        """After a straggler warning: propose_batch_sizes() for the fleet's current global batch (every rank's
+        samples per step) in proportion to each host's samples per second of *compute* (a rank's batch over its
+        compute time: step times are equal in DDP, where everyone waits for the slowest); None while no rank
+        was reported."""
+        if not self._warned or not self.windows:
+            return None
+        batches: Dict[int, List[float]] = {}
+        computes: Dict[int, List[float]] = {}
+        hosts: Dict[int, str] = {}
+        for window in self.windows:
+            for w in window:
+                batches.setdefault(w.rank, []).append(w.samples_per_s * w.step_s)
+                computes.setdefault(w.rank, []).append(w.compute_s)
+                hosts[w.rank] = w.host
+        rates: Dict[str, float] = {}
+        for rank, host in hosts.items():
+            compute = statistics.median(computes[rank])
+            rates[host] = rates.get(host, 0.0) + (statistics.median(batches[rank]) / compute if compute > 0 else 0.0)
+        global_batch = round(sum(statistics.median(b) for b in batches.values()))
+        if len(rates) < 2 or global_batch < len(rates) or not all(rate > 0 for rate in rates.values()):
+            return None  # one host: nothing to move between hosts
+        return propose_batch_sizes(rates, global_batch)
+
     def host_table(self) -> List[dict]:
         """Per host, in order of first rank: median compute and wait per step (over its ranks and the windows),
         and samples/s (the medians of its ranks, summed)."""
@@ -131,8 +156,7 @@ def propose_batch_sizes(samples_per_s: Mapping[str, float], global_batch: int, m
     """Per-host batch sizes summing to `global_batch`, proportional to each host's measured samples/s (largest
     remainder rounding), at least `minimum` each: with them every host's compute per step takes about as long.
 
-    samples_per_s: e.g. {row["host"]: row["samples_per_s"] for row in report.host_table()} (per rank, divide
-    by its ranks). Raises ValueError for a non-positive rate or a global batch too small for the minimum."""
+    samples_per_s: per host, samples per second of compute (see StragglerReport.proposal). Raises ValueError for a non-positive rate or a global batch too small for the minimum."""
     if not samples_per_s:
         raise ValueError("propose_batch_sizes: no hosts given")
     for host, rate in samples_per_s.items():
@@ -176,4 +200,9 @@ def summary_line(record: dict) -> str:
 
 
 def summary_text(record: dict) -> str:
-    return format_table(record["hosts"]) + "\n" + summary_line(record)
+    text = format_table(record["hosts"]) + "\n" + summary_line(record)
+    if record.get("proposal"):
+        sizes = ", ".join(f"{host}: {size}" for host, size in record["proposal"].items())
+        text += (f"\nmccl: batch sizes per host that would equalise step time, same global batch: {sizes}"
+                 " (split a host's share between its ranks; scale each rank's loss with straggler.scale_loss)")
+    return text
