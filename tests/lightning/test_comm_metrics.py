@@ -94,3 +94,32 @@ def test_a_rank_made_slow_is_named_and_sets_the_pace(fits):
     summary = records[0]["summary"]
     assert summary.splitlines()[0].split() == ["host", "ranks", "compute/step", "wait/step", "samples/s"]
     assert f"slowest: rank 1 on {host} (" in summary and "x the median compute)" in summary
+
+
+def test_strategy_option_adds_one_callback_to_fits_only(no_launch_env):
+    from types import SimpleNamespace
+
+    from lightning_mccl.lightning import CommMetrics, MCCLStrategy
+    from lightning_mccl.lightning.comm_metrics import attach
+
+    def trainer(fn="fit", callbacks=()):
+        return SimpleNamespace(state=SimpleNamespace(fn=fn), callbacks=list(callbacks))
+
+    assert MCCLStrategy().comm_metrics is True
+    t = trainer()
+    attach(t, MCCLStrategy().comm_metrics)
+    assert [type(c) for c in t.callbacks] == [CommMetrics]
+    attach(t, True)
+    assert len(t.callbacks) == 1  # never a second one
+    off = trainer()
+    attach(off, MCCLStrategy(comm_metrics=False).comm_metrics)
+    assert off.callbacks == []
+    tuned = CommMetrics(every_n_steps=7)
+    t = trainer()
+    attach(t, tuned)
+    assert t.callbacks == [tuned]
+    t = trainer(fn="validate")
+    attach(t, True)
+    assert t.callbacks == []
+    with pytest.raises(ValueError, match="every_n_steps=0"):
+        CommMetrics(every_n_steps=0)
