@@ -71,7 +71,8 @@ TEST(a_caller_waiting_for_late_peers_is_counted_and_snapshots_race_nothing) {
     for (int i = 0; i < 20; ++i) comm.allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum)->wait();
     done = true;
     reader.join();
-    const auto* ar = find(comm.stats(), "allreduce");
+    const CommStats::Snapshot s = comm.stats();
+    const auto* ar = find(s, "allreduce");
     CHECK(ar != nullptr && ar->calls == 20);
     if (ar && rank == 0) {
       const auto late_ns = static_cast<uint64_t>(std::chrono::nanoseconds(kLate).count());
