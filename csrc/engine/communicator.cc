@@ -32,6 +32,7 @@ Communicator::Communicator(Store& store, int rank, int size, std::chrono::millis
   transport_ = std::make_unique<Transport>(rank, size, mesh.comm_id, std::move(mesh.peers),
                                            std::move(mesh.peer_addresses), config_.max_message_bytes, mesh.nsocks,
                                            config_.chunk_bytes);
+  transport_->set_stats(&stats_);
   transport_->set_heartbeat(config_.heartbeat_interval, config_.heartbeat_timeout);
   transport_->set_spin(std::chrono::microseconds(config_.spin_us));
   const int local_ranks = ranks_on_this_host();
@@ -96,6 +97,7 @@ void Communicator::check_rank(int rank, const char* role, const char* what) cons
 WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, int root, uint64_t count,
                               std::function<void(Collective&)> body, Callback done) {
   auto work = std::make_shared<Work>(std::move(done));
+  work->count_waits_in(&stats_.of(static_cast<uint8_t>(kind)).wait_ns);
   bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -115,7 +117,7 @@ WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, 
                            kind == CollectiveKind::kReduceScatter;
     if (dtype == DataType::kFloat32 && config_.wire_dtype != DataType::kFloat32 && reduction)
       id.wire_dtype = static_cast<uint8_t>(config_.wire_dtype);
-    order_->add(PendingCollective{id, std::move(body), work, t_start_after}, order_);
+    order_->add(PendingCollective{id, std::move(body), work, t_start_after, Clock::now()}, order_);
     wake = !spinning_;
   }
   if (wake) transport_->wake();
@@ -229,8 +231,14 @@ WorkPtr Communicator::post_p2p(bool is_send, void* buf, size_t count, DataType d
   h.count = count;
   const size_t bytes = count * dtype_size(dtype);
   auto work = std::make_shared<Work>(std::move(done));
-  auto command = [this, is_send, buf, bytes, peer, h, work] {
-    auto on_done = [work](const Request& r, std::exception_ptr error) { work->finish(error, r.source); };
+  CommStats::Counters& counters = stats_.of(h.kind);
+  work->count_waits_in(&counters.wait_ns);
+  auto command = [this, is_send, buf, bytes, peer, h, work, &counters] {
+    CommStats::add(counters.calls, 1);
+    auto on_done = [work, &counters, posted = Clock::now()](const Request& r, std::exception_ptr error) {
+      CommStats::add(counters.busy_ns, CommStats::ns_between(posted, Clock::now()));
+      work->finish(error, r.source);
+    };
     try {
       RequestPtr request = is_send ? transport_->post_send(peer, h, buf, bytes, on_done)
                                    : transport_->post_recv(peer, h, buf, bytes, on_done);
@@ -355,6 +363,7 @@ void Communicator::drain_commands_after_failure() {
 }
 
 void Communicator::run_op(PendingCollective& op) {
+  const auto started = Clock::now();
   std::exception_ptr error = transport_->fatal_error();
   if (!error) {
     transport_->set_context(op.identity);
@@ -376,6 +385,7 @@ void Communicator::run_op(PendingCollective& op) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!error_) error_ = transport_->fatal_error();
   }
+  stats_.collective_done(op.identity.kind, op.issued, started, Clock::now());
   op.work->finish(error);
 }
 

@@ -28,6 +28,7 @@
 #include "config.h"
 #include "dtype.h"
 #include "issue_order.h"
+#include "stats.h"
 #include "store.h"
 #include "transport.h"
 #include "work.h"
@@ -89,6 +90,8 @@ class Communicator {
   // The fatal error, if any (nullptr while healthy).
   std::exception_ptr error() const;
   uint64_t collectives_issued() const;
+  // The traffic counters (stats.h): cheap to read from any thread.
+  CommStats::Snapshot stats() const { return stats_.snapshot(); }
 
  private:
 
@@ -114,6 +117,7 @@ class Communicator {
   int size_;
   std::chrono::milliseconds timeout_;
   std::string listen_address_;
+  CommStats stats_;  // before transport_, which counts into it
   std::unique_ptr<Transport> transport_;
   std::vector<char> scratch_[2];
   WireBuffers wire_buffers_;

@@ -13,6 +13,7 @@
 // threads reach hold() / release() through their Work.
 #pragma once
 
+#include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -31,6 +32,7 @@ struct PendingCollective {
   std::function<void(Collective&)> body;
   WorkPtr work;
   std::function<void()> ready;  // runs on the progress thread right before it starts (may be empty)
+  std::chrono::steady_clock::time_point issued;  // for the traffic counters' time in flight (stats.h)
 };
 
 class IssueOrder;

@@ -184,6 +184,7 @@ RequestPtr Transport::post_send(int peer, const FrameHeader& header, const void*
   request->lane = lane_of(header);
   Pair& pair = pair_for(peer, request->lane);
   if (pair.closed) fail_pair(pair, closed_error(pair));
+  if (stats_) stats_->sent(header.kind, length);
   pair.sendq.push_back(request);
   // Nothing queued ahead of it: try to put it on the wire right away. Behind the sender's frames: its turn.
   if (pair.sendq.size() == 1 || pair.offloaded > 0) {
@@ -210,6 +211,7 @@ RequestPtr Transport::post_recv(int peer, const FrameHeader& expected, void* dat
   request->length = length;
   request->on_done = std::move(on_done);
   request->lane = peer == kAnySource ? 0 : lane_of(expected);
+  if (stats_) stats_->received(expected.kind, length);
   for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
     if (!matches(*request, it->source, it->lane, it->header)) continue;
     validate_match(*request, it->header, it->source);

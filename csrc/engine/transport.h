@@ -34,6 +34,7 @@
 #include "error.h"
 #include "sender.h"
 #include "socket.h"
+#include "stats.h"
 #include "wire.h"
 
 namespace mccl {
@@ -95,6 +96,8 @@ class Transport {
   // MCCL_SEND_THREAD_BYTES: frames with at least this many payload bytes (and any frame queued behind
   // one) are written by a sender thread (sender.h) while this thread receives and reduces; 0: none.
   void set_send_thread(size_t min_bytes);
+  // Counts the payload bytes of every frame posted (after compression) into `stats`, which must outlive this.
+  void set_stats(CommStats* stats) { stats_ = stats; }
 
   // What is running now, for error messages ("allreduce #12 of 1024 float32 (sum)"); described only
   // when a message needs it, so the data path builds no strings. set_idle(): nothing is running.
@@ -189,6 +192,7 @@ class Transport {
   FrameHeader context_;
   bool busy_ = false;
   std::exception_ptr fatal_;
+  CommStats* stats_ = nullptr;
 };
 
 }  // namespace mccl

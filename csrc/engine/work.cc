@@ -6,12 +6,31 @@
 
 namespace mccl {
 
+namespace {
+// Adds the time from its construction to its destruction to a wait counter (none: no clock read).
+class WaitTimer {
+ public:
+  explicit WaitTimer(std::atomic<uint64_t>* counter)
+      : counter_(counter), start_(counter ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{}) {}
+  ~WaitTimer() {
+    if (!counter_) return;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_);
+    counter_->fetch_add(static_cast<uint64_t>(ns.count()), std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<uint64_t>* counter_;
+  std::chrono::steady_clock::time_point start_;
+};
+}  // namespace
+
 bool Work::completed() const {
   std::lock_guard<std::mutex> lock(mu_);
   return done_;
 }
 
 void Work::wait(uint32_t spin_us) {
+  WaitTimer timer(done_.load(std::memory_order_acquire) ? nullptr : wait_ns_);
   if (spin_us > 0) {
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
     while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
@@ -23,6 +42,7 @@ void Work::wait(uint32_t spin_us) {
 }
 
 bool Work::wait_for(std::chrono::milliseconds timeout) {
+  WaitTimer timer(done_.load(std::memory_order_acquire) ? nullptr : wait_ns_);
   std::unique_lock<std::mutex> lock(mu_);
   if (!cv_.wait_for(lock, timeout, [this] { return done_.load(); })) return false;
   if (error_) std::rethrow_exception(error_);

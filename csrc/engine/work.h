@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -54,6 +55,8 @@ class Work {
   };
 
   explicit Work(Callback callback) : callback_(std::move(callback)) {}
+  // Time spent blocked in wait()/wait_for() is added to *counter (CommStats::Counters::wait_ns).
+  void count_waits_in(std::atomic<uint64_t>* counter) { wait_ns_ = counter; }
 
  private:
   mutable std::mutex mu_;
@@ -64,6 +67,7 @@ class Work {
   Callback callback_;
   std::shared_ptr<OrderNode> order_node_;  // collectives: set by IssueOrder::add
   friend class IssueOrder;
+  std::atomic<uint64_t>* wait_ns_ = nullptr;
 };
 using WorkPtr = std::shared_ptr<Work>;
 

@@ -27,6 +27,26 @@ const char* const kC10dOps[] = {
     "monitored_barrier_", "send", "recv_", "recv_any_source_",
 };
 
+// ProcessGroupMCCL.stats(): {"kinds": {"allreduce": {"calls", "bytes_sent", ...}, ...}, "last_issued_ns", ...}
+pybind11::dict stats_dict(const lightning_mccl::ProcessGroupMCCL& pg) {
+  const mccl::CommStats::Snapshot s = pg.stats();
+  pybind11::dict kinds;
+  for (const auto& k : s.kinds) {
+    pybind11::dict row;
+    row["calls"] = k.calls;
+    row["bytes_sent"] = k.bytes_sent;
+    row["bytes_received"] = k.bytes_received;
+    row["busy_ns"] = k.busy_ns;
+    row["wait_ns"] = k.wait_ns;
+    kinds[pybind11::str(k.kind)] = row;
+  }
+  pybind11::dict out;
+  out["kinds"] = kinds;
+  out["last_issued_ns"] = s.last_issued_ns;
+  out["last_done_ns"] = s.last_done_ns;
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(c10d, MPS, m) {
@@ -44,7 +64,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           const std::string&>(),
            pybind11::arg("store"), pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
            pybind11::arg("route_to") = "", pybind11::call_guard<pybind11::gil_scoped_release>())
-      .def_property_readonly("listen_address", &lightning_mccl::ProcessGroupMCCL::listenAddress);
+      .def_property_readonly("listen_address", &lightning_mccl::ProcessGroupMCCL::listenAddress)
+      .def("stats", &stats_dict, "this group's traffic counters (engine stats.h), as a dict");
   m.def("interfaces", &mccl::list_interfaces,
         "(interface name, address) pairs of this machine, from getifaddrs()");
   m.def("mps_kernels_registered", [] {

@@ -15,5 +15,7 @@ except Exception as _e:  # noqa: BLE001 - a broken Lightning must never break th
 
     warnings.warn(f"lightning-mccl: Lightning integration unavailable: {_e!r}", RuntimeWarning)
 
-__all__ = ["ProcessGroupMCCL", "is_registered", "register"]
+from .stats import stats
+
+__all__ = ["ProcessGroupMCCL", "is_registered", "register", "stats"]
 __version__ = "0.1.0"

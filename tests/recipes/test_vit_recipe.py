@@ -126,9 +126,9 @@ def test_main_job_two_ranks_reach_stated_accuracy(tmp_path):
     config = yaml.safe_load(LOCAL.read_text())
     assert config["trainer"]["strategy"] == "mccl" and config["trainer"]["devices"] == 2
     assert config["trainer"]["accelerator"] == "cpu" and config["data"]["dataset"] == "digits"
-    run_example(["fit", "--config", str(LOCAL), "--trainer.max_epochs", str(SHORT_EPOCHS),
-                 "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.save_dir", str(tmp_path)],
-                MAIN_JOB_TIMEOUT_S, tmp_path)
+    output = run_example(["fit", "--config", str(LOCAL), "--trainer.max_epochs", str(SHORT_EPOCHS),
+                          "--trainer.enable_progress_bar", "false", "--trainer.logger.init_args.save_dir",
+                          str(tmp_path)], MAIN_JOB_TIMEOUT_S, tmp_path)
     log_dir = tmp_path / "vit_local" / "version_0"
     saved = yaml.safe_load((log_dir / "config.yaml").read_text())
     assert saved["trainer"]["strategy"] == "mccl"
@@ -147,6 +147,22 @@ def test_main_job_two_ranks_reach_stated_accuracy(tmp_path):
     assert val[0][2] < final_acc - 0.3
     throughput = epoch_values(rows, "train/samples_per_s")
     assert len(throughput) == SHORT_EPOCHS and all(v > 0 for _, _, v in throughput)
+    # MCCLStrategy's CommMetrics: the comm/* columns every log_every_n_steps, and the end-of-fit summary line.
+    comm = [row for row in rows if row.get("comm/bytes_per_step")]
+    assert len(comm) == SHORT_EPOCHS * steps_per_epoch // config["trainer"]["log_every_n_steps"], len(comm)
+    for name in ("comm/wire_goodput_gbps", "comm/time_per_step_s", "comm/exposed_fraction",
+                 "comm/step_time_max_over_ranks_s"):
+        assert all(float(row[name]) > 0 for row in comm), name
+    # On 2 ranks every allreduce algorithm sends each rank's whole buffer once: per step the float32 gradient
+    # of every parameter, plus a few scalars (the step's synced train/loss, Lightning's SIGTERM flag; epoch
+    # ends add validation's and the epoch metrics').
+    from lightning_mccl.recipes.vit import ViTClassifier
+
+    model = ViTClassifier(**config["model"], img_size=config["data"]["image_size"], num_classes=10)
+    grad_bytes = 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+    per_step = sorted(float(row["comm/bytes_per_step"]) for row in comm)
+    assert grad_bytes <= per_step[0] and per_step[len(per_step) // 2] <= grad_bytes + 64, (grad_bytes, per_step)
+    assert "mccl: communication" in output and "Gb/s" in output
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from ..hostfile import Host, Hostfile, HostfileError, load_hostfile
-from . import rank_shim
+from . import fleet_summary, rank_shim
 from ..switch.netns import exec_argv as netns_exec_argv
 from .quiet_stop import QuietStop, wants_everything
 from .supervise import Outcome, PrefixedOutput, RankSpec, Supervisor
@@ -418,7 +418,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     if not command:
         parser.error("missing the command to run, e.g. mccl launch --local 2 -- python train.py")
     try:
-        env = parse_env(args.env)
+        env = {**fleet_summary.rank_env(), **parse_env(args.env)}
         if args.port_range:
             env["MCCL_PORT_RANGE"] = args.port_range
         command, replaced = resolve_command(command, args.python)
@@ -433,7 +433,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
         log(f"`python` runs as {plan.python} (see --python)")
     fresh_port = args.local is not None and args.master_port is None
     while True:
-        output = PrefixedOutput(plan.rank_specs())  # after Ctrl-C: one line per rank (see quiet_stop)
+        # rank 0's summary line is kept for the end (fleet_summary); after Ctrl-C one line per rank (quiet_stop)
+        output = fleet_summary.SummaryTap(PrefixedOutput(plan.rank_specs()))
         outcome = supervise(plan, log=log, output=output if wants_everything() else QuietStop(output))
         if outcome.reason != "failed" or plan.restart >= plan.max_restarts:
             break
@@ -450,4 +451,6 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
         log(f"failed: rank {f.spec.rank} on {f.spec.host} exited with code {f.returncode}{tail}")
     else:
         log(f"stopped ({outcome.reason}); exit code {outcome.returncode}")
+    if output.text():
+        print(output.text(), flush=True)
     return outcome.returncode

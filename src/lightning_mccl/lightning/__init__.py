@@ -17,9 +17,11 @@ import importlib.util
 import sys
 import warnings
 
-__all__ = ["MCCLStrategy", "MacFleetEnvironment", "register_when_lightning_imported"]
+__all__ = ["CommMetrics", "MCCLFabricStrategy", "MCCLStrategy", "MacFleetEnvironment",
+           "register_when_lightning_imported"]
 
-_LAZY = {"MCCLStrategy": "strategy", "MacFleetEnvironment": "environment"}
+_LAZY = {"MCCLStrategy": "strategy", "MacFleetEnvironment": "environment", "CommMetrics": "comm_metrics",
+         "MCCLFabricStrategy": "fabric"}
 _TRIGGER = "lightning.pytorch"
 
 
@@ -35,10 +37,11 @@ def __dir__():
 
 
 def _register() -> None:
-    """Imports the strategy module, which registers the strategies; a failure is a warning, never an error in
-    the import of Lightning or of lightning_mccl."""
+    """Imports the strategy modules (Trainer's and Fabric's), which register the strategies; a failure is a
+    warning, never an error in the import of Lightning or of lightning_mccl."""
     try:
         importlib.import_module(f"{__name__}.strategy")
+        importlib.import_module(f"{__name__}.fabric")
     except Exception as e:  # noqa: BLE001 - Lightning's import must go on; say why the names are missing
         warnings.warn(f"lightning-mccl: the 'mccl' Lightning strategies were not registered: {e!r}", RuntimeWarning)
 

@@ -58,6 +58,8 @@ from .internals import checked
 
 _init_dist_connection = checked("lightning.fabric.utilities.distributed", "_init_dist_connection",
                                 ("cluster_environment", "torch_distributed_backend"))
+from . import comm_metrics
+from .comm_metrics import CommMetrics
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,8 @@ class MCCLStrategy(DDPStrategy):
             start_powerSGD_iter 10, use_error_feedback and warm_start True).
         find_unused_parameters, static_graph, gradient_as_bucket_view, bucket_cap_mb: passed to
             `DistributedDataParallel`, like any other keyword argument (`forward_sync_buffers`, ...).
+        comm_metrics: True (default) adds a `CommMetrics` callback to fits (comm/* metrics in the loggers, the
+            straggler report); False turns it off; a `CommMetrics(...)` instance is used as given.
     """
 
     strategy_name = "mccl"
@@ -105,6 +109,7 @@ class MCCLStrategy(DDPStrategy):
         static_graph: bool = False,
         gradient_as_bucket_view: bool = False,
         bucket_cap_mb: Optional[float] = None,
+        comm_metrics: Union[bool, "CommMetrics"] = True,
         **kwargs: Any,
     ) -> None:
         plan = _compress.plan(compress, compress_options, process_group_backend == BACKEND, ddp_comm_hook,
@@ -141,6 +146,7 @@ class MCCLStrategy(DDPStrategy):
         self.compress = compress
         self.compress_options = plan.options
         self._compress_plan = plan
+        self.comm_metrics = comm_metrics
 
     def _uses_mccl(self) -> bool:
         return self._get_process_group_backend() == BACKEND
@@ -191,6 +197,11 @@ class MCCLStrategy(DDPStrategy):
         env = self.cluster_environment
         return rendezvous(env.main_address, env.main_port, env.global_rank(), env.world_size(),
                           self._timeout or default_pg_timeout)
+
+    @override
+    def setup(self, trainer: "pl.Trainer") -> None:
+        comm_metrics.attach(trainer, self.comm_metrics)
+        super().setup(trainer)
 
     @override
     def determine_ddp_device_ids(self) -> Optional[list[int]]:

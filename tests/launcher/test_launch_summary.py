@@ -1,0 +1,47 @@
+"""`mccl launch` prints rank 0's fit summary (the straggler table and communication line) after every rank
+has ended, and takes its machine-readable line out of the ranks' output."""
+from __future__ import annotations
+
+import sys
+
+from cli_runner import HERE, run_mccl
+
+from lightning_mccl.cli.fleet_summary import MARKER, SummaryTap
+
+PROGRAM = str(HERE / "summary_program.py")
+
+
+def test_launch_prints_the_fleet_summary_at_the_end():
+    result = run_mccl("launch", "--local", "2", "--", sys.executable, PROGRAM)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.splitlines()
+    assert MARKER not in result.stdout
+    assert sum("trained" in line for line in out) == 2
+    start = out.index("fleet summary (rank 0's CommMetrics):")
+    assert all("trained" not in line for line in out[start:]), "the summary came before a rank's output"
+    assert out[start + 1].split() == ["host", "ranks", "compute/step", "wait/step", "samples/s"]
+    assert out[start + 3].split() == ["mac-b", "1", "300.0", "ms", "0.0", "ms", "40.0"]
+    assert out[start + 4] == ("mccl: communication 25% of step time (10% exposed), goodput 3.50 Gb/s, 2.50 MB/step"
+                              " per rank, 2 ranks; slowest: rank 1 on mac-b (1.33x the median compute)")
+
+
+class Lines:
+    def __init__(self):
+        self.lines = []
+
+    def line(self, spec, text):
+        self.lines.append(text)
+
+    def flush(self):
+        pass
+
+
+def test_tap_passes_other_lines_and_a_malformed_record_through():
+    out = Lines()
+    tap = SummaryTap(out)
+    tap.line(None, "epoch 1")
+    tap.line(None, f"{MARKER} not json")
+    tap.line(None, f"{MARKER}x {{}}")
+    assert out.lines == ["epoch 1", f"{MARKER} not json", f"{MARKER}x {{}}"] and tap.text() is None
+    tap.line(None, f'{MARKER} {{"hosts": []}}')
+    assert tap.text().startswith("fleet summary: unreadable")
