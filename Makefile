@@ -14,11 +14,12 @@ BIN := $(abspath $(VENV))/bin
 CMAKE := $(BIN)/cmake
 CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(BIN)/ninja -DMCCL_BUILD_TESTS=ON
 
-.PHONY: demo bench bench-fleet reliability test test-engine test-sanitize test-tsan test-python build clean fuzz
+.PHONY: demo bench bench-fleet reliability test test-engine test-sanitize test-tsan test-python build clean fuzz \
+  check-macos test-arm64
 
 $(VENV)/.deps: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q "$(TORCH_SPEC)" "$(TORCHVISION_SPEC)" ninja cmake "setuptools>=64" wheel
+	$(PY) -m pip install -q "$(TORCH_SPEC)" "$(TORCHVISION_SPEC)" ninja cmake "setuptools>=64" wheel ziglang
 	MCCL_SKIP_EXT=1 $(PY) -m pip install -q --no-build-isolation -e ".[lightning,test,bench]"
 	touch $@
 
@@ -66,7 +67,22 @@ test-tsan: $(VENV)/.deps
 test-python: build
 	$(PY) -m pytest tests -q
 
-test: test-engine test-sanitize test-python
+# Built for the Mac without a Mac (docs/cross_builds.md), with zig. check-macos compiles and links the
+# engine, its C++ tests and the torch binding for aarch64-macos, against the macOS arm64 torch wheel (cached
+# under build/cross/); nothing runs. MACOS_TORCH_VERSION: the newest torch with a macOS arm64 wheel on PyPI
+# (TORCH_SPEC's release has none there). test-arm64 builds the C++ tests for aarch64-linux-musl, checks the
+# reduction kernels are NEON code, and runs test_reduce, test_collectives and test_metal_arith under
+# qemu-user (installed with apt-get when missing and root).
+MACOS_TORCH_VERSION ?= 2.9.1
+check-macos: $(VENV)/.deps
+	$(PY) tools/cross.py macos --torch-version $(MACOS_TORCH_VERSION)
+
+test-arm64: $(VENV)/.deps
+	command -v qemu-aarch64-static > /dev/null || [ "$$(id -u)" != 0 ] || \
+	  { apt-get update -q > /dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user-static > /dev/null; }
+	$(PY) tools/cross.py arm64
+
+test: test-engine test-sanitize check-macos test-arm64 test-python
 
 # libFuzzer on the handshake / frame parsers (needs clang: apt-get install clang). Not part of `make test`
 # (which runs the same target through a deterministic driver): make fuzz FUZZ_SECONDS=600
