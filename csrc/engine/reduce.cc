@@ -26,8 +26,10 @@
 #if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(__SANITIZE_THREAD__)
 #define MCCL_TARGET_CLONES __attribute__((target_clones("avx2", "default")))
+#define MCCL_HAVE_TARGET_CLONES 1
 #else
 #define MCCL_TARGET_CLONES
+#define MCCL_HAVE_TARGET_CLONES 0
 #endif
 
 namespace mccl {
@@ -543,6 +545,20 @@ void require_half(DataType half, const char* what) {
                  " is not a wire type (float16 or bfloat16)");
 }
 }  // namespace
+
+const char* reduce_vector_path() {
+#if defined(__aarch64__)
+  return MCCL_NATIVE_FP16 ? "neon (float16 converted in hardware)" : "neon";
+#elif defined(__x86_64__) && MCCL_HAVE_TARGET_CLONES
+  return __builtin_cpu_supports("avx2") ? "avx2 (selected at run time)" : "sse2 (this cpu has no avx2)";
+#elif defined(__x86_64__) && defined(__AVX2__)
+  return "avx2 (the build's baseline)";
+#elif defined(__x86_64__)
+  return "sse2 (this build has no run-time selection)";
+#else
+  return "the compiler's vectorisation for this target";
+#endif
+}
 
 void narrow_float32(void* dst, const float* src, size_t count, DataType half) {
   require_half(half, "narrow_float32");

@@ -15,9 +15,7 @@ Reductions smaller than MCCL_METAL_MIN_BYTES always stay on the CPU. The device 
 `name`, `device`, `unavailable_reason()` and `reduce_(dst, src, op)` (kernels.MetalReducer on a Mac; the
 tests use stand-ins on the CPU).
 
-The CPU reference here is torch's CPU arithmetic, which rounds like the engine's CPU reducer (float16 and
-bfloat16 computed in float32, rounded to nearest even; MIN/MAX propagate NaN): tests/engine/test_reduce.cc
-and test_metal_arith.cc pin the engine to the same correctly rounded results.
+The reference is the engine's own CPU reducer (lightning_mccl._C.reduce_into).
 """
 from __future__ import annotations
 
@@ -25,7 +23,7 @@ import json
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Callable, Optional, Set, Tuple
+from typing import Callable, List, Optional, Set
 
 from .settings import MetalSettings
 
@@ -48,21 +46,10 @@ def log_once(level: int, message: str) -> None:
 
 
 def cpu_reduce_(dst, src, op: str) -> None:
-    """dst = dst OP src with the CPU reducer's arithmetic (the reference for the self-test)."""
-    import torch
+    """dst = dst OP src with the engine's CPU reducer (the reference for the self-test)."""
+    from lightning_mccl import _C
 
-    a, b = dst.float(), src.float()
-    if op in ("sum", "avg"):
-        r = a + b
-    elif op == "product":
-        r = a * b
-    elif op == "min":
-        r = torch.minimum(a, b)
-    elif op == "max":
-        r = torch.maximum(a, b)
-    else:
-        raise ValueError(f"unsupported op {op!r}")
-    dst.copy_(r.to(dst.dtype))
+    _C.reduce_into(dst, src, op)
 
 
 def _random_bits(dtype: str, n: int, gen):
@@ -121,21 +108,35 @@ class Decision:
     reason: str
 
 
-def _own_vote(settings: MetalSettings, reducer) -> Tuple[bool, str]:
+def own_vote(settings: MetalSettings, reducer) -> dict:
+    """This rank's vote: {"ok": bool, "device": name or None, "reason": why}."""
+    def no(reason: str) -> dict:
+        return {"ok": False, "device": None, "reason": reason}
+
     if settings.mode == "0":
-        return False, settings.describe()
+        return no(settings.describe())
     if reducer is None:
-        return False, "no device reducer in this build"
+        return no("no device reducer in this build")
     why = reducer.unavailable_reason()
     if why is not None:
-        return False, f"{reducer.name} unavailable: {why}"
+        return no(f"{reducer.name} unavailable: {why}")
     try:
         failure = self_test(reducer)
     except Exception as e:  # a device that fails to compile or run the kernels
         failure = f"raised {type(e).__name__}: {e}"
     if failure is not None:
-        return False, f"{reducer.name} self-test failed: {failure}"
-    return True, f"{reducer.name} passed the self-test"
+        return no(f"{reducer.name} self-test failed: {failure}")
+    return {"ok": True, "device": reducer.name, "reason": f"{reducer.name} passed the self-test"}
+
+
+def agree(votes: List[dict], rank: int) -> Decision:
+    """Rank `rank`'s decision from every rank's vote: the device only when all of them said yes."""
+    if all(v["ok"] for v in votes):
+        return Decision(votes[rank]["device"], f"{votes[rank]['reason']} on all {len(votes)} ranks")
+    if not votes[rank]["ok"]:
+        return Decision(None, votes[rank]["reason"])
+    r = next(r for r, v in enumerate(votes) if not v["ok"])
+    return Decision(None, f"rank {r} declined: {votes[r]['reason']}")
 
 
 class ReductionPath:
@@ -162,17 +163,11 @@ class ReductionPath:
     def _vote(self) -> Decision:
         if self.settings.mode != "0" and self._factory is not None:
             self._reducer = self._factory()
-        ok, reason = _own_vote(self.settings, self._reducer)
-        self.store.set(VOTE_KEY.format(rank=self.rank), json.dumps({"ok": ok, "reason": reason}))
+        vote = own_vote(self.settings, self._reducer)
+        self.store.set(VOTE_KEY.format(rank=self.rank), json.dumps(vote))
         votes = [json.loads(self.store.get(VOTE_KEY.format(rank=r))) for r in range(self.world)]
-        if all(v["ok"] for v in votes):
-            return Decision(self._reducer.name, f"{reason} on all {self.world} ranks")
-        if not ok:
-            decision = Decision(None, reason)
-        else:
-            r = next(r for r, v in enumerate(votes) if not v["ok"])
-            decision = Decision(None, f"rank {r} declined: {votes[r]['reason']}")
-        if self.settings.mode != "0":
+        decision = agree(votes, self.rank)
+        if decision.device is None and self.settings.mode != "0":
             log_once(self._refusal_level(), f"mccl rank {self.rank}: CPU reducer ({decision.reason})")
         return decision
 
