@@ -223,6 +223,7 @@ def test_arm64(args) -> None:
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows up in CI logs as it happens
     # zig's cache (the libc++ and musl it builds per target) lives with the other build outputs.
     os.environ.setdefault("ZIG_GLOBAL_CACHE_DIR", str(ROOT / "build/cross/zig-cache"))
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
