@@ -19,7 +19,7 @@ OPS = {"sum": "MCCL_OP_SUM", "avg": "MCCL_OP_SUM", "product": "MCCL_OP_PRODUCT",
 TYPES = {"float32": ("float", "mccl_reduce_f32"), "float16": ("ushort", "mccl_reduce_f16"),
          "bfloat16": ("ushort", "mccl_reduce_bf16")}
 KERNEL = """
-kernel void mccl_{dtype}_{op}(device {storage}* dst [[buffer(0)]], constant {storage}* src [[buffer(1)]],
+kernel void mccl_{dtype}_{op}(device {storage}* dst [[buffer(0)]], device const {storage}* src [[buffer(1)]],
                               uint i [[thread_position_in_grid]]) {{
   dst[i] = {fn}({code}, dst[i], src[i]);
 }}

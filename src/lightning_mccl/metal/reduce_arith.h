@@ -7,10 +7,13 @@
 // bfloat16. Half types compute in float32 and round back to nearest even, like the CPU reducer. The
 // conversions use integer operations only, so a GPU that flushes float32 subnormals in arithmetic still
 // converts exactly. MIN/MAX return a NaN operand if there is one.
-#pragma once
+// An include guard, not #pragma once: as Metal source this file is the main file (clang warns there).
+#ifndef MCCL_REDUCE_ARITH_H
+#define MCCL_REDUCE_ARITH_H
 
 #if defined(__METAL_VERSION__)
 #include <metal_stdlib>
+using namespace metal;
 typedef uint mccl_u32;
 typedef ushort mccl_u16;
 inline float mccl_as_float(mccl_u32 u) { return as_type<float>(u); }
@@ -101,3 +104,5 @@ inline mccl_u16 mccl_reduce_f16(int op, mccl_u16 a, mccl_u16 b) {
 inline mccl_u16 mccl_reduce_bf16(int op, mccl_u16 a, mccl_u16 b) {
   return mccl_f32_to_bf16(mccl_apply(op, mccl_bf16_to_f32(a), mccl_bf16_to_f32(b)));
 }
+
+#endif  // MCCL_REDUCE_ARITH_H
