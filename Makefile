@@ -25,11 +25,12 @@ LIGHTNING_OLDEST_TESTS ?= tests/lightning/test_strategy.py tests/lightning/test_
   tests/recipes/test_vit_recipe.py::test_mac_configs_instantiate_with_lightning_cli \
   tests/recipes/test_vit_recipe.py::test_checkpoint_path_loads_backbone_and_makes_a_new_head
 
-.PHONY: demo bench bench-fleet reliability test test-engine test-sanitize test-tsan test-python test-lightning-oldest build clean fuzz
+.PHONY: demo bench bench-fleet reliability test test-engine test-sanitize test-tsan test-python test-lightning-oldest \
+  build clean fuzz check-macos test-arm64
 
 $(VENV)/.deps: pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q "$(TORCH_SPEC)" "$(TORCHVISION_SPEC)" ninja cmake "setuptools>=64" wheel
+	$(PY) -m pip install -q "$(TORCH_SPEC)" "$(TORCHVISION_SPEC)" ninja cmake "setuptools>=64" wheel ziglang
 	MCCL_SKIP_EXT=1 $(PY) -m pip install -q --no-build-isolation -e ".[lightning,test,bench]"
 	touch $@
 
@@ -84,7 +85,24 @@ test-lightning-oldest: build $(LIGHTNING_OLDEST_DIR)
 	PYTHONPATH=$(LIGHTNING_OLDEST_DIR) $(PY) -c "import lightning as L; assert L.__version__ == '$(LIGHTNING_OLDEST)', L.__file__"
 	PYTHONPATH=$(LIGHTNING_OLDEST_DIR) $(PY) -m pytest -q $(LIGHTNING_OLDEST_TESTS)
 
-test: test-engine test-sanitize test-python test-lightning-oldest
+
+# Built for the Mac without a Mac (docs/cross_builds.md), with zig. check-macos compiles and links the
+# engine, its C++ tests and the torch binding for aarch64-macos, against the macOS arm64 torch wheel (cached
+# under build/cross/); nothing runs. MACOS_TORCH_VERSION: the newest torch with a macOS arm64 wheel on PyPI
+# (TORCH_SPEC's release has none there). test-arm64 builds the engine for aarch64-linux-musl, checks the
+# reduction kernels are NEON code, and builds and runs test_reduce, test_collectives and test_metal_arith under
+# qemu-user (installed with apt-get when missing and root).
+MACOS_TORCH_VERSION ?= 2.9.1
+check-macos: $(VENV)/.deps
+	$(PY) tools/cross.py macos --torch-version $(MACOS_TORCH_VERSION)
+
+test-arm64: $(VENV)/.deps
+	command -v qemu-aarch64-static > /dev/null || [ "$$(id -u)" != 0 ] || \
+	  { apt-get update -q > /dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user-static > /dev/null; }
+	$(PY) tools/cross.py arm64
+
+
+test: test-engine test-sanitize check-macos test-arm64 test-python test-lightning-oldest
 
 # libFuzzer on the handshake / frame parsers (needs clang: apt-get install clang). Not part of `make test`
 # (which runs the same target through a deterministic driver): make fuzz FUZZ_SECONDS=600

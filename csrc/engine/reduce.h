@@ -32,6 +32,10 @@ void narrow_float32(void* dst, const float* src, size_t count, DataType half);
 void widen_to_float32(float* dst, const void* src, size_t count, DataType half);
 void round_float32_through(float* buf, size_t count, DataType half);
 
+// The vector instructions the kernels run with in this process, for diagnostics (`mccl doctor`): e.g.
+// "avx2 (selected at run time)" on x86-64, "neon (float16 converted in hardware)" on arm64.
+const char* reduce_vector_path();
+
 // Whether op is defined for dtype: SUM/AVG/PRODUCT/MIN/MAX for all numeric types; for bool SUM=OR,
 // PRODUCT=AND, MIN=AND, MAX=OR, BAND/BOR/BXOR as logical; AVG unsupported for bool; BAND/BOR/BXOR only
 // for integer types and bool.

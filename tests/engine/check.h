@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -14,6 +15,14 @@ struct Case {
   const char* name;
   std::function<void()> fn;
 };
+
+// MCCL_TEST_QUICK=1 (set for runs under emulation, e.g. `make test-arm64`): the same cases on smaller buffers.
+inline bool quick() {
+  const char* q = std::getenv("MCCL_TEST_QUICK");
+  return q != nullptr && *q != '\0' && *q != '0';
+}
+// `full` normally, `small` under MCCL_TEST_QUICK.
+inline size_t sized(size_t full, size_t small) { return quick() ? small : full; }
 
 inline std::vector<Case>& registry() {
   static std::vector<Case> cases;

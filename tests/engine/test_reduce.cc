@@ -28,7 +28,10 @@ const DataType kAllTypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::
                               DataType::kInt32,   DataType::kInt64,   DataType::kBool};
 const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAvg,  ReduceOp::kProduct, ReduceOp::kMin,
                             ReduceOp::kMax, ReduceOp::kBand, ReduceOp::kBor,     ReduceOp::kBxor};
-const size_t kCounts[] = {0, 1, 3, 7, 16, 1023, (size_t(1) << 20) + 5};
+// The largest count crosses the threaded threshold (4 MiB) for 4- and 8-byte types; under MCCL_TEST_QUICK
+// it is 64 Ki + 5 (concurrent_large_reductions still covers the threaded path).
+const size_t kLarge = mccl_test::sized((size_t(1) << 20) + 5, (size_t(1) << 16) + 5);
+const size_t kCounts[] = {0, 1, 3, 7, 16, 1023, kLarge};
 
 using Bytes = std::vector<unsigned char>;
 
@@ -273,7 +276,7 @@ TEST(aliasing_out_equals_a_or_b_or_both) {
   for (DataType t : kAllTypes) {
     for (ReduceOp op : kAllOps) {
       if (!mccl::op_supported(t, op)) continue;
-      for (size_t n : {size_t(37), (size_t(1) << 20) + 5}) {
+      for (size_t n : {size_t(37), kLarge}) {
         Bytes a = random_buffer(t, n, rng), b = random_buffer(t, n, rng);
         Bytes want = reference(t, op, a, b, n), want_self = reference(t, op, a, a, n);
         auto expect = [&](const Bytes& got, const Bytes& ref, const char* what) {
@@ -461,7 +464,7 @@ TEST(divide_by_every_type) {
   for (DataType t : kAllTypes) {
     if (t == DataType::kBool) continue;
     for (int64_t d : {int64_t(1), int64_t(2), int64_t(3), int64_t(7), int64_t(1000)}) {
-      for (size_t n : {size_t(0), size_t(1), size_t(33), (size_t(1) << 20) + 5}) {
+      for (size_t n : {size_t(0), size_t(1), size_t(33), kLarge}) {
         Bytes buf = random_buffer(t, n, rng), want(buf.size());
         for (size_t i = 0; i < n; ++i) {
           if (mccl::is_floating(t)) store_float(t, want, i, load_float(t, buf, i) / double(d));

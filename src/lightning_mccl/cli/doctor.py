@@ -7,7 +7,8 @@
    lightning-mccl and lightning (the same everywhere?), and is the master port free on host 0?
 2. Then, if every host answered with torch and lightning-mccl installed and the port is free, the
    measurement program `doctor_bench` runs on every host through the launcher (backend "mccl"): ping-pong
-   latency and one-way bandwidth for every pair of hosts, and the fleet's allreduce bus bandwidth.
+   latency and one-way bandwidth for every pair of hosts, the fleet's allreduce bus bandwidth, and each
+   rank's reduction path (CPU vector instructions, Metal or not, MPS in place or staged) with the reason.
 
 Tables go to stdout, progress and problems to stderr. Exit code 0 when every check passed, 1 otherwise
 (2 for bad arguments).
@@ -29,6 +30,7 @@ from pathlib import Path
 from ..hostfile import HostfileError
 from . import host_probe
 from .host_checks import FAIL, OK, Finding, judge, path_fix
+from . import doctor_reduction
 from .console import make_log, stderr_console, stdout_console
 from .doctor_bench import RESULT_MARKER
 from .launch import (LaunchError, LaunchPlan, _positive_int, _seconds, add_fleet_arguments, plan_from_args,
@@ -294,6 +296,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     if result["allreduce"]:
         out.print(allreduce_table(result))
         out.print("[dim]busbw = algbw × 2(n-1)/n, the slowest rank's median time[/]")
+    if result.get("reduction"):
+        out.print(doctor_reduction.table(result["reduction"]))
     if problems:
         log(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} found (see above)")
         return 1

@@ -13,7 +13,8 @@ Pairs are measured in rounds of disjoint pairs (round-robin "circle" schedule), 
 takes n - 1 rounds, not n(n - 1)/2 steps, and no host serves two pairs at once. Then the whole fleet runs
 allreduce(size) and reports its bus bandwidth, time x 2(n - 1)/n, as nccl-tests do.
 
-Rank 0 prints one line, ``MCCL_DOCTOR_RESULT {json}``, on stdout; `mccl doctor` reads it.
+Last, every rank reports its reduction path (doctor_reduction.py). Rank 0 prints one line,
+``MCCL_DOCTOR_RESULT {json}``, on stdout; `mccl doctor` reads it.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ import sys
 import time
 from datetime import timedelta
 from typing import List, Optional, Sequence, Tuple
+
+from . import doctor_reduction
 
 RESULT_MARKER = "MCCL_DOCTOR_RESULT "
 WARMUP = 2
@@ -142,7 +145,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dist.init_process_group("mccl", timeout=timedelta(seconds=args.pg_timeout))
     try:
         result = measure(int(args.size_mib * (1 << 20)), args.iters, args.latency_iters)
+        reduction = doctor_reduction.reports(dist)  # every rank
         if result is not None:
+            result["reduction"] = reduction
             sys.stdout.write(RESULT_MARKER + json.dumps(result) + "\n")
             sys.stdout.flush()
     finally:

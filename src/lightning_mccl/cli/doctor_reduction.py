@@ -1,0 +1,63 @@
+"""`mccl doctor`'s "Reduction path" table: on every rank, which reducer large reductions use and why.
+
+- CPU reducer: the vector instructions the engine's kernels run with (reported by the engine itself:
+  AVX2 or SSE2 chosen at run time on x86-64, NEON with hardware float16 conversion on arm64).
+- Metal: the decision training would make with this environment (MCCL_METAL, its self-test when enabled,
+  and the agreement of all ranks, lightning_mccl.metal.gate) and its reason.
+- MPS tensors: read in place or staged through host memory, and why.
+
+reports() runs on every rank of the doctor's measurement (doctor_bench), after the process group is up;
+table() renders rank 0's gathered list.
+"""
+from __future__ import annotations
+
+import platform
+import socket
+from typing import List, Sequence
+
+from rich.markup import escape
+from rich.table import Table
+
+
+def cpu_vector_path() -> str:
+    from lightning_mccl import _C
+
+    fn = getattr(_C, "reduce_vector_path", None)
+    return fn() if fn is not None else "unknown (this build of lightning_mccl._C does not report it)"
+
+
+def mps_path() -> str:
+    import torch
+
+    if not torch.backends.mps.is_available():
+        return "no MPS device"
+    return "staged through host buffers (reading MPS memory in place is not built yet)"
+
+
+def reports(dist) -> List[dict]:
+    """Every rank's report, in rank order (a collective: every rank must call it)."""
+    from lightning_mccl.metal.gate import agree, own_vote
+    from lightning_mccl.metal.kernels import MetalReducer
+    from lightning_mccl.metal.settings import MetalSettings
+
+    settings = MetalSettings.from_env()
+    vote = own_vote(settings, MetalReducer() if settings.mode != "0" else None)
+    mine = {"host": socket.gethostname(), "machine": platform.machine(), "cpu": cpu_vector_path(),
+            "vote": vote, "mps": mps_path()}
+    everyone: List[dict] = [None] * dist.get_world_size()  # type: ignore[list-item]
+    dist.all_gather_object(everyone, mine)
+    votes = [r["vote"] for r in everyone]
+    for rank, r in enumerate(everyone):
+        d = agree(votes, rank)
+        r["metal"] = f"yes: {d.reason}" if d.device else f"no: {d.reason}"
+    return everyone
+
+
+def table(rows: Sequence[dict]) -> Table:
+    t = Table(title="Reduction path (per rank)", title_justify="left")
+    for col in ("rank", "host", "CPU reducer", "Metal", "MPS tensors"):
+        t.add_column(col)
+    for rank, r in enumerate(rows):
+        t.add_row(str(rank), escape(f"{r['host']} ({r['machine']})"), escape(r["cpu"]), escape(r["metal"]),
+                  escape(r["mps"]))
+    return t

@@ -1,0 +1,249 @@
+"""Builds (and for arm64 Linux, runs) the engine for other targets with zig, from this x86-64 Linux host.
+
+    python tools/cross.py macos --torch-version 2.9.1   # make check-macos
+    python tools/cross.py arm64                                             # make test-arm64
+
+macos: compiles every engine source and links every C++ test into arm64 Mach-O executables
+(`-target aarch64-macos`), then compiles the torch binding against the macOS arm64 torch wheel's headers and
+links it into a Mach-O bundle against that wheel's dylibs. Only Python's C API stays undefined (resolved by
+the interpreter at load time, as for every macOS extension): the link first runs without
+`-undefined dynamic_lookup`, and every symbol it reports missing must be a Python one. Nothing is run.
+
+arm64: builds the engine and the C++ tests it runs for aarch64-linux-musl (-static), checks that the
+reduction kernels compiled to NEON code (see docs/cross_builds.md), and runs those tests under
+qemu-aarch64-static with MCCL_TEST_QUICK=1 (smaller sizes; same cases).
+
+Objects are rebuilt only when a source or any header is newer, in parallel over the host's cores.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENGINE = sorted(glob.glob(str(ROOT / "csrc/engine/*.cc")) + glob.glob(str(ROOT / "csrc/engine/algorithms/*.cc")))
+HEADERS = glob.glob(str(ROOT / "csrc/**/*.h"), recursive=True) + glob.glob(str(ROOT / "csrc/**/*.hpp"),
+                                                                              recursive=True)
+TESTS = sorted(glob.glob(str(ROOT / "tests/engine/test_*.cc")))
+BINDING = sorted(glob.glob(str(ROOT / "csrc/torch/*.cpp")))
+FUZZ_DRIVER = [str(ROOT / "tests/fuzz/driver.cc"), str(ROOT / "tests/fuzz/fuzz_wire.cc")]
+# The engine tests that `make test-arm64` builds and runs under qemu (the others have timeouts tuned for
+# native speed, and are built for arm64 by check-macos: see docs/cross_builds.md).
+ARM64_RUN = ("test_reduce", "test_collectives", "test_metal_arith")
+WARN = ["-Wall", "-Wextra", "-Werror"]  # the engine's own sources; tests and binding warn only
+# Python C API symbols (what an extension leaves for the interpreter to provide).
+PYTHON_SYMBOL = re.compile(r"^__?Py|^_PyExc_|^__Py_")
+
+
+def zig() -> list:
+    return [sys.executable, "-m", "ziglang"]
+
+
+def run(cmd: list, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], text=True, capture_output=True, **kw)
+
+
+def newest_header() -> float:
+    return max(os.path.getmtime(h) for h in HEADERS + glob.glob(str(ROOT / "tests/engine/*.h")))
+
+
+def stale(target: Path, sources: list) -> bool:
+    if not target.exists():
+        return True
+    t = target.stat().st_mtime
+    return any(os.path.getmtime(s) > t for s in sources) or newest_header() > t
+
+
+def checked(cmd: list, what: str) -> None:
+    r = run(cmd)
+    if r.returncode != 0:
+        sys.exit(f"cross: {what} failed ({r.returncode}):\n  {' '.join(map(str, cmd))}\n{r.stdout}{r.stderr}")
+    if r.stderr.strip():
+        print(r.stderr.strip(), file=sys.stderr)
+
+
+def compile_all(target: str, out: Path, sources: list, flags: list, jobs: int) -> list:
+    out.mkdir(parents=True, exist_ok=True)
+    objects = [out / (Path(s).stem + ".o") for s in sources]
+
+    def one(pair):
+        src, obj = pair
+        if stale(obj, [src]):
+            checked(zig() + ["c++", "-target", target, *flags, "-c", src, "-o", obj], f"compiling {src}")
+
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(one, zip(sources, objects)))
+    return objects
+
+
+def link_all(target: str, out: Path, engine_objs: list, link_flags: list, jobs: int, only=None, opt="-O2") -> dict:
+    """Each engine test (and the fuzz driver), or those named in `only`, into an executable; {name: path}."""
+    cflags = ["-std=c++17", opt, "-Wall", "-Wextra", f"-I{ROOT}/csrc/engine", f"-I{ROOT}/tests/engine", f"-I{ROOT}/tests/fuzz"]
+    out.mkdir(parents=True, exist_ok=True)
+    programs = {Path(t).stem: [t] for t in TESTS}
+    programs["fuzz_wire_driver"] = FUZZ_DRIVER
+    if only is not None:
+        programs = {name: programs[name] for name in only}
+
+    def one(item):
+        name, srcs = item
+        exe = out / name
+        if stale(exe, srcs + [str(o) for o in engine_objs]):
+            checked(zig() + ["c++", "-target", target, *cflags, *srcs, *engine_objs, *link_flags, "-o", exe],
+                    f"linking {name}")
+        return name, exe
+
+    with ThreadPoolExecutor(jobs) as pool:
+        return dict(pool.map(one, programs.items()))
+
+
+def engine_flags(extra=()) -> list:
+    return ["-std=c++17", "-O3", *WARN, f"-I{ROOT}/csrc/engine", *extra]
+
+
+def macos_torch(version: str, cache: Path) -> Path:
+    """The `torch` folder (headers, dylibs, version.py) of the macOS arm64 wheel, downloaded once into cache."""
+    import zipfile
+
+    tag = f"{sys.version_info.major}{sys.version_info.minor}"
+    unpacked = cache / f"torch-{version}-cp{tag}-macosx_arm64"
+    if (unpacked / "torch/version.py").exists():
+        return unpacked / "torch"
+    wheels = cache / "wheels"
+    pattern = f"torch-{version}-cp{tag}-*macosx*_arm64.whl"
+    if not list(wheels.glob(pattern)):
+        checked([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--platform",
+                 "macosx_11_0_arm64", "--python-version", f"{sys.version_info.major}.{sys.version_info.minor}",
+                 "--no-deps", f"torch=={version}", "-d", wheels], f"downloading the macOS arm64 torch {version} wheel")
+    wheel = sorted(wheels.glob(pattern))[-1]
+    tmp = unpacked.with_suffix(".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(tmp, [n for n in z.namelist()
+                           if n.startswith(("torch/include/", "torch/lib/")) or n == "torch/version.py"])
+    tmp.rename(unpacked)
+    return unpacked / "torch"
+
+
+def check_macos(args) -> None:
+    out = Path(args.out)
+    target = "aarch64-macos"
+    t0 = time.time()
+    objs = compile_all(target, out / "engine", ENGINE, engine_flags(), args.jobs)
+    exes = link_all(target, out / "bin", objs, [], args.jobs, opt="-O0")  # not run: the fastest compile
+    for exe in exes.values():
+        head = exe.read_bytes()[:4]
+        if head != b"\xcf\xfa\xed\xfe":  # MH_MAGIC_64, little-endian
+            sys.exit(f"cross: {exe} is not a 64-bit Mach-O file")
+    print(f"macos: engine ({len(objs)} files) and {len(exes)} test programs linked for {target} "
+          f"in {time.time() - t0:.0f} s")
+
+    torch_dir = macos_torch(args.torch_version, Path(args.cache))
+    t0 = time.time()
+    version = re.search(r"__version__ = '([^']+)'", (torch_dir / "version.py").read_text()).group(1)
+    # A compile-and-link check: -O0 (nothing runs, and the optimiser would only cost time).
+    bflags = ["-std=c++20", "-O0", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter",
+              "-Wno-deprecated-declarations", "-DTORCH_EXTENSION_NAME=_C", "-DTORCH_API_INCLUDE_EXTENSION_H",
+              f"-I{ROOT}/csrc/engine", f"-isystem{torch_dir}/include",
+              f"-isystem{torch_dir}/include/torch/csrc/api/include",
+              f"-isystem{sysconfig.get_paths()['include']}"]
+    bobjs = compile_all(target, out / "binding", BINDING, bflags, args.jobs)
+    bundle = out / "_C.so"
+    link = zig() + ["c++", "-target", target, "-shared", *bobjs, *objs, f"-L{torch_dir}/lib", "-lc10", "-ltorch",
+                    "-ltorch_cpu", "-ltorch_python", "-o", bundle]
+    r = run(link)  # without dynamic_lookup: lists every symbol that no library provides
+    missing = sorted(set(re.findall(r"undefined symbol: (\S+)", r.stdout + r.stderr)))
+    not_python = [s for s in missing if not PYTHON_SYMBOL.search(s)]
+    if not_python or (r.returncode != 0 and not missing):
+        sys.exit(f"cross: the torch binding does not link against torch {version} for {target}; missing "
+                 f"non-Python symbols: {not_python[:20]}\n{(r.stdout + r.stderr)[-3000:]}")
+    checked(link + ["-undefined", "dynamic_lookup"], "linking the torch binding")
+    print(f"macos: torch binding ({len(bobjs)} files) compiled against torch {version}'s headers and linked "
+          f"against its dylibs ({len(missing)} Python symbols left to the interpreter) in {time.time() - t0:.0f} s")
+
+
+def check_neon(out: Path) -> None:
+    """The reduction kernels compiled for arm64 must use NEON vector instructions, and fp16 must convert
+    with the hardware's vector conversions (fcvtl/fcvtn), not the bit-twiddling fallback."""
+    asm = out / "reduce.s"
+    checked(zig() + ["c++", "-target", "aarch64-linux-musl", *engine_flags(["-Wno-unused-command-line-argument"]), "-S", ROOT / "csrc/engine/reduce.cc",
+                     "-o", asm], "compiling reduce.cc to assembly")
+    text = asm.read_text()
+    want = {  # instruction pattern -> what it shows
+        r"\bfadd\s+v\d+\.4s": "float32 SUM on 4 lanes",
+        r"\bfmul\s+v\d+\.4s": "float32 PRODUCT on 4 lanes",
+        r"\bfadd\s+v\d+\.2d": "float64 SUM on 2 lanes",
+        r"\bfcvtl2?\s+v\d+\.4s,\s*v\d+\.[48]h": "float16 -> float32, hardware vector conversion",
+        r"\bfcvtn2?\s+v\d+\.[48]h,\s*v\d+\.4s": "float32 -> float16, hardware vector conversion",
+        r"\badd\s+v\d+\.16b": "int8 SUM on 16 lanes",
+        r"\bushll2?\s+v\d+\.4s,\s*v\d+\.[48]h,\s*#0|\bshll2?\s+v\d+\.4s,\s*v\d+\.[48]h,\s*#16": "bfloat16 widening",
+    }
+    counts = {what: len(re.findall(pat, text)) for pat, what in want.items()}
+    for what, n in counts.items():
+        print(f"arm64: reduce.cc  {n:5d}  {what}")
+    absent = [what for what, n in counts.items() if n == 0]
+    if absent:
+        sys.exit(f"cross: arm64 reduction kernels lack NEON code for: {absent} (see {asm})")
+
+
+def test_arm64(args) -> None:
+    out = Path(args.out)
+    target = "aarch64-linux-musl"
+    qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
+    if qemu is None:
+        sys.exit("cross: qemu-aarch64-static not found (Debian/Ubuntu: apt-get install qemu-user-static)")
+    t0 = time.time()
+    objs = compile_all(target, out / "engine", ENGINE, engine_flags(), args.jobs)
+    exes = link_all(target, out / "bin", objs, ["-static"], args.jobs, only=args.tests)
+    print(f"arm64: engine and {', '.join(exes)} built for {target} in {time.time() - t0:.0f} s")
+    check_neon(out)
+    env = dict(os.environ, MCCL_TEST_QUICK="1")
+    failed = []
+    for name in args.tests:
+        t0 = time.time()
+        try:
+            r = subprocess.run([qemu, str(exes[name])], env=env, text=True, capture_output=True,
+                               timeout=args.timeout)
+            tail, code = r.stdout.strip().splitlines()[-1:], r.returncode  # "N passed, N failed"
+        except subprocess.TimeoutExpired as e:
+            tail, code = [f"timed out after {args.timeout} s"], "timeout"
+            r = e
+        print(f"arm64: {name} under qemu: {' '.join(tail)} ({time.time() - t0:.0f} s)")
+        if code != 0:
+            failed.append(name)
+            print((r.stdout or "") + (r.stderr or ""), file=sys.stderr)
+    if failed:
+        sys.exit(f"cross: failed under qemu-aarch64: {failed}")
+
+
+def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # progress shows up in CI logs as it happens
+    # zig's cache (the libc++ and musl it builds per target) lives with the other build outputs.
+    os.environ.setdefault("ZIG_GLOBAL_CACHE_DIR", str(ROOT / "build/cross/zig-cache"))
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+    m = sub.add_parser("macos", help="compile and link for aarch64-macos (nothing runs)")
+    m.add_argument("--torch-version", required=True, help="torch release whose macOS arm64 wheel to build against")
+    m.add_argument("--cache", default=str(ROOT / "build/cross"), help="where the wheel is downloaded and unpacked")
+    m.add_argument("--out", default=str(ROOT / "build/cross/macos"))
+    a = sub.add_parser("arm64", help="build for aarch64-linux-musl and run tests under qemu")
+    a.add_argument("--out", default=str(ROOT / "build/cross/arm64"))
+    a.add_argument("--tests", nargs="+", default=list(ARM64_RUN))
+    a.add_argument("--timeout", type=float, default=300.0, help="seconds per test program")
+    for s in (m, a):
+        s.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    args = p.parse_args()
+    (check_macos if args.what == "macos" else test_arm64)(args)
+
+
+if __name__ == "__main__":
+    main()
