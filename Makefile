@@ -10,6 +10,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.14.1
 TORCHVISION_SPEC ?= torchvision==0.29.1
 NPROC ?= 4
+# C++ test binaries run at once by ctest in make test-engine / test-sanitize
+CTEST_JOBS ?= 2
 BIN := $(abspath $(VENV))/bin
 CMAKE := $(BIN)/cmake
 CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(BIN)/ninja -DMCCL_BUILD_TESTS=ON
@@ -61,13 +63,13 @@ reliability: build
 test-engine: $(VENV)/.deps
 	$(CMAKE) -S . -B build/engine $(CMAKE_FLAGS) > /dev/null
 	$(CMAKE) --build build/engine
-	$(BIN)/ctest --test-dir build/engine --output-on-failure
+	$(BIN)/ctest --test-dir build/engine --output-on-failure -j $(CTEST_JOBS)
 
 test-sanitize: $(VENV)/.deps
 	$(CMAKE) -S . -B build/asan $(CMAKE_FLAGS) \
 	  -DCMAKE_BUILD_TYPE=Debug -DMCCL_SANITIZE=address,undefined > /dev/null
 	$(CMAKE) --build build/asan
-	$(BIN)/ctest --test-dir build/asan --output-on-failure
+	$(BIN)/ctest --test-dir build/asan --output-on-failure -j $(CTEST_JOBS)
 
 test-tsan: $(VENV)/.deps
 	$(CMAKE) -S . -B build/tsan $(CMAKE_FLAGS) \
@@ -102,7 +104,11 @@ test-arm64: $(VENV)/.deps
 	$(PY) tools/cross.py arm64
 
 
-test: test-engine test-sanitize check-macos test-arm64 test-python test-lightning-oldest
+# The cross builds are single-threaded (zig), so the two run side by side; the pytest suite runs alone, since
+# its multi-process tests share the machine's cores.
+test: test-engine test-sanitize
+	$(MAKE) -j2 check-macos test-arm64
+	$(MAKE) test-python test-lightning-oldest
 
 # libFuzzer on the handshake / frame parsers (needs clang: apt-get install clang). Not part of `make test`
 # (which runs the same target through a deterministic driver): make fuzz FUZZ_SECONDS=600

@@ -28,7 +28,13 @@ def _start(port, rank, world, timeout_s, report_s=0.5, hosts="mac-a,mac-b,mac-c"
     env = dict(os.environ, MCCL_HOSTS=hosts, LOCAL_WORLD_SIZE="1", PYTHONUNBUFFERED="1")
     return subprocess.Popen([sys.executable, PROGRAM, str(port), str(rank), str(world), str(timeout_s),
                              str(report_s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
+
+
+def _default_sigint():
+    # As a rank of `mccl launch` has it (rank_shim), also when pytest itself runs with SIGINT ignored (a
+    # background job), which the rank would inherit.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _finish(proc, timeout=HARD_TIMEOUT_S):

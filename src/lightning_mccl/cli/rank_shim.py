@@ -117,6 +117,9 @@ def main():
         except OSError as e:
             _say(label, "cannot change to the working directory %s: %s" % (cwd, e.strerror))
             return 1
+    # A launcher started in the background (`mccl launch ... &`, nohup) passes SIGINT on as ignored, and an
+    # ignored signal stays ignored across exec: the command would never see the INT this shim forwards.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     try:
         child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
     except FileNotFoundError:
