@@ -17,8 +17,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, Optional, Sequence
 
-from lightning_mccl.cli.launch import local_plan, supervise, switch_plan
-from lightning_mccl.cli.supervise import PrefixedOutput
+from lightning_mccl.cli.launch import supervise
+from lightning_mccl.cli.launch_plan import local_plan, switch_plan
+from lightning_mccl.cli.prefixed_output import PrefixedOutput
 from lightning_mccl.switch import SwitchFleet, random_tag
 
 

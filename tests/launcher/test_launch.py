@@ -17,8 +17,8 @@ import pytest
 from cli_runner import (MCCL, RANK_PROGRAMS, alive, assert_all_gone, env_with_fake_ssh, fake_ssh_calls, require_script,
                         run_mccl, wait_for_files)
 from lightning_mccl.cli import main, rank_shim
-from lightning_mccl.cli.launch import SHIM_BOOTSTRAP, hostfile_plan, local_plan, resolve_command
-from lightning_mccl.cli.supervise import RankSpec, _Rank
+from lightning_mccl.cli.launch_plan import SHIM_BOOTSTRAP, hostfile_plan, local_plan, resolve_command
+from lightning_mccl.cli.rank_process import RankSpec, _Rank
 from lightning_mccl.hostfile import parse_hostfile
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from cli_runner import MCCL, RANK_PROGRAMS, assert_all_gone, env_with_fake_ssh, require_script, run_mccl, wait_for_files
 from lightning_mccl.cli import main
-from lightning_mccl.cli.launch import local_plan
+from lightning_mccl.cli.launch_plan import local_plan
 from test_launch import pids_of, prefixed, write_hostfile
 
 

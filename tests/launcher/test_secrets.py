@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from cli_runner import MCCL, RANK_PROGRAMS, RUN_TIMEOUT_S, env_with_fake_ssh, fake_ssh_calls, require_script, wait_for_files
-from lightning_mccl.cli.launch import SHIM_BOOTSTRAP
+from lightning_mccl.cli.launch_plan import SHIM_BOOTSTRAP
 
 _BASE64_WORD = re.compile(rb"[A-Za-z0-9+/_-]{16,}={0,2}")
 

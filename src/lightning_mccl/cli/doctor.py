@@ -33,9 +33,11 @@ from .host_checks import FAIL, OK, Finding, judge, path_fix
 from . import doctor_reduction
 from .console import make_log, stderr_console, stdout_console
 from .doctor_bench import RESULT_MARKER
-from .launch import (LaunchError, LaunchPlan, _positive_int, _seconds, add_fleet_arguments, plan_from_args,
-                     supervise)
-from .supervise import PrefixedOutput, RankSpec
+from .fleet_args import _positive_int, _seconds, add_fleet_arguments, plan_from_args
+from .launch import supervise
+from .launch_plan import LaunchError, LaunchPlan
+from .prefixed_output import PrefixedOutput
+from .rank_process import RankSpec
 
 PROBE_MARKER = "MCCL_DOCTOR_PROBE "
 PROBE_TIMEOUT_S = 60.0

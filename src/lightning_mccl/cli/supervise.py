@@ -23,32 +23,14 @@ from __future__ import annotations
 import os
 import selectors
 import signal
-import subprocess
 import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, TextIO
+from typing import Callable, List, Optional, Sequence
 
-# A rank's output line longer than this without a newline is passed on in pieces.
-MAX_LINE_BYTES = 64 << 10
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    """One rank to run: its global rank, the host it runs on (for messages), the local argv that starts it
-    (under the rank shim), that local process's environment (None: this process's) and the bytes written
-    to its stdin first (the shim's spec: what must not be on a command line, see `rank_shim`)."""
-
-    rank: int
-    host: str
-    argv: tuple
-    env: Optional[Mapping[str, str]] = None
-    stdin: bytes = b""
-
-    @property
-    def label(self) -> str:
-        return f"{self.host} r{self.rank}"
+from .prefixed_output import PrefixedOutput
+from .rank_process import RankSpec, _Rank
 
 
 @dataclass(frozen=True)
@@ -67,128 +49,6 @@ class Outcome:
     reason: str
     exits: tuple
     failed: Optional[RankExit] = None
-
-
-class PrefixedOutput:
-    """Writes each rank's lines to `stream` (default: stdout) as ``[host rN] line``, prefixes padded to one
-    width; colours the prefix on a terminal (unless NO_COLOR is set)."""
-
-    COLORS = (36, 33, 35, 32, 34, 31, 96, 93, 95, 92, 94, 91)
-
-    def __init__(self, specs: Sequence[RankSpec], stream: Optional[TextIO] = None):
-        self._stream = stream if stream is not None else sys.stdout
-        width = max((len(s.label) + 2 for s in specs), default=0)
-        try:
-            color = self._stream.isatty() and "NO_COLOR" not in os.environ
-        except (AttributeError, ValueError):
-            color = False
-        self._prefix: Dict[int, str] = {}
-        for s in specs:
-            tag = f"[{s.label}]"
-            pad = " " * (width - len(tag) + 1)
-            if color:
-                tag = f"\x1b[{self.COLORS[s.rank % len(self.COLORS)]}m{tag}\x1b[0m"
-            self._prefix[s.rank] = tag + pad
-        self._broken = False
-
-    def line(self, spec: RankSpec, text: str) -> None:
-        if self._broken:
-            return
-        try:
-            self._stream.write(self._prefix.get(spec.rank, f"[{spec.label}] ") + text + "\n")
-        except BrokenPipeError:  # our stdout is gone (`| head`): keep supervising, stop printing
-            self._broken = True
-
-    def flush(self) -> None:
-        if self._broken:
-            return
-        try:
-            self._stream.flush()
-        except BrokenPipeError:
-            self._broken = True
-
-
-class _Rank:
-    """A started (or not yet started) rank: its local process, control pipe and partial output line."""
-
-    def __init__(self, spec: RankSpec):
-        self.spec = spec
-        self.proc: Optional[subprocess.Popen] = None
-        self.code: Optional[int] = None
-        self.stopped = False
-        self.forced = False
-        self.pending = b""
-        self.reading = False
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.code is None
-
-    def start(self) -> None:
-        env = dict(self.spec.env) if self.spec.env is not None else None
-        self.proc = subprocess.Popen(
-            list(self.spec.argv), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, bufsize=0)
-        self.reading = True
-        if self.spec.stdin:
-            try:  # one small line: the pipe holds it whether or not the shim (or ssh) reads it yet
-                self.proc.stdin.write(self.spec.stdin)
-            except (BrokenPipeError, OSError):  # it exited at once: its exit code says why
-                pass
-
-    def control(self, word: str) -> None:
-        stdin = self.proc.stdin if self.proc is not None else None
-        if stdin is None or stdin.closed:
-            return
-        try:
-            stdin.write(word.encode("ascii") + b"\n")
-        except (BrokenPipeError, OSError, ValueError):  # it is exiting already
-            pass
-
-    def close_control(self) -> None:
-        if self.proc is not None and self.proc.stdin is not None and not self.proc.stdin.closed:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-
-    def force_kill(self) -> None:
-        """SIGKILL the local process's session (the shim, or the ssh client); the last resort."""
-        self.forced = True
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def poll(self, wait: float = 0.0) -> Optional[int]:
-        if self.code is None and self.proc is not None:
-            try:
-                code = self.proc.wait(wait) if wait > 0 else self.proc.poll()
-            except subprocess.TimeoutExpired:
-                code = None
-            if code is not None:
-                self.code = 128 - code if code < 0 else code
-        return self.code
-
-    def split(self, data: bytes, final: bool = False) -> List[str]:
-        """Complete lines out of the output seen so far. A ``\\r`` (progress bars) ends a line too; the
-        empty pieces around ``\\r``s are dropped, blank lines are kept."""
-        lines = (self.pending + data).split(b"\n")
-        self.pending = lines.pop()
-        out: List[bytes] = []
-        for line in lines:
-            if not line:
-                out.append(b"")
-            else:
-                out.extend(p for p in line.split(b"\r") if p)
-        head, sep, tail = self.pending.rpartition(b"\r")
-        if sep:
-            out.extend(p for p in head.split(b"\r") if p)
-            self.pending = tail
-        if (final and self.pending) or len(self.pending) > MAX_LINE_BYTES:
-            out.append(self.pending)
-            self.pending = b""
-        return [p.decode("utf-8", "replace") for p in out]
 
 
 class Supervisor:

@@ -1,0 +1,218 @@
+"""Where and how every rank of `mccl launch` (and `mccl doctor`) runs: the `LaunchPlan` (the hosts, the
+command, the rendezvous port, each rank's environment and the argv that starts it: the rank shim, reached
+over ssh or inside a network namespace) and the plans for ``--local``, ``--switch`` and ``--hostfile``.
+What the launcher does with a plan is described in `launch`."""
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shlex
+import socket
+import sys
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import List, Mapping, Optional, Sequence, Tuple
+
+from ..hostfile import Host, Hostfile
+from ..switch.netns import exec_argv as netns_exec_argv
+from . import rank_shim
+from .rank_process import RankSpec
+
+DEFAULT_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=15 -o ServerAliveCountMax=4"
+DEFAULT_GRACE_S = 10.0
+LOCAL_ADDR = "127.0.0.1"
+LOCAL_HOST_NAME = "local"
+# Set per host or per attempt by the launcher, so never copied from the launcher's own environment.
+PER_HOST_VARS = ("MCCL_SOCKET_IFNAME", "MCCL_NODE_RANK", "MCCL_RESTART_COUNT", "MCCL_MAX_RESTARTS")
+# `python -c` program that runs the rank shim's source, passed (base64) as its first argument.
+SHIM_BOOTSTRAP = "import base64,sys;exec(base64.b64decode(sys.argv[1]))"
+_SHIM_SOURCE_B64 = base64.b64encode(Path(rank_shim.__file__).read_bytes()).decode("ascii")
+_PYTHON_WORD = re.compile(r"python(3(\.\d+)?)?")
+
+
+class LaunchError(ValueError):
+    """Bad input to `mccl launch` / `mccl doctor` (the command exits with code 2)."""
+
+
+def free_port(addr: str = LOCAL_ADDR) -> int:
+    """A TCP port on `addr` that was free a moment ago (the small race is accepted)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((addr, 0))
+        return s.getsockname()[1]
+
+
+def shim_argv(python: str) -> List[str]:
+    """The argv that starts the rank shim with `python`. It holds only the shim's own source: the rank's
+    spec (its command and environment, MCCL_AUTH_SECRET included) goes to the shim's stdin (`shim_input`),
+    never on a command line that `ps` shows to every user of the launching Mac and of the host."""
+    return [python, "-c", SHIM_BOOTSTRAP, _SHIM_SOURCE_B64]
+
+
+def shim_input(*, argv: Sequence[str], cwd: Optional[str], env: Mapping[str, str], label: str,
+               grace: float) -> bytes:
+    """The first line the launcher writes to a rank shim's stdin: the rank's spec."""
+    spec = {"argv": list(argv), "cwd": cwd, "env": dict(env), "label": label, "grace": grace}
+    return rank_shim.encode_spec(spec).encode("ascii") + b"\n"
+
+
+def ssh_argv(ssh: Sequence[str], host: str, remote_argv: Sequence[str]) -> List[str]:
+    """`remote_argv` run on `host` through ssh. ``-T``: never a pseudo-terminal (the rank shim reads its
+    control lines from a plain pipe), whatever the ssh config says. The remote login shell sees one
+    ``exec`` and shell-quoted words (base64 and paths only), which sh, bash, zsh and fish all read alike."""
+    return [*ssh, "-T", host, "exec " + " ".join(shlex.quote(a) for a in remote_argv)]
+
+
+def resolve_command(command: Sequence[str], python: str) -> Tuple[List[str], bool]:
+    """`command` with a leading ``python``/``python3``/``python3.X`` replaced by `python`; and whether it was."""
+    command = list(command)
+    if command and _PYTHON_WORD.fullmatch(command[0]) and command[0] != python:
+        return [python] + command[1:], True
+    return command, False
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Where and how every rank runs. ``ssh=None``: all hosts are this machine (``--local``), or network
+    namespaces of it (``netns``: host i's ranks run in namespace netns[i], see `lightning_mccl.switch`)."""
+
+    hosts: Tuple[Host, ...]
+    command: Tuple[str, ...]
+    master_port: int
+    nproc_per_node: int = 1
+    ssh: Optional[Tuple[str, ...]] = None
+    python: str = sys.executable
+    cwd: Optional[str] = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    grace: float = DEFAULT_GRACE_S
+    netns: Optional[Tuple[str, ...]] = None
+    restart: int = 0  # which attempt this is (0: the first)
+    max_restarts: int = 0
+    caffeinate: str = "auto"  # the rank shim's MCCL_CAFFEINATE: auto (macOS hosts), on, off
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # one per job, kept by restarts
+
+    @property
+    def world_size(self) -> int:
+        return len(self.hosts) * self.nproc_per_node
+
+    @property
+    def master_addr(self) -> str:
+        return self.hosts[0].addr
+
+    @property
+    def is_local(self) -> bool:
+        return self.ssh is None
+
+    def ranks_per_machine(self) -> int:
+        return self.world_size if self.is_local else self.nproc_per_node
+
+    def rank_env(self, node_rank: int, local_rank: int, base_env: Optional[Mapping[str, str]] = None) -> dict:
+        """The variables rank (node_rank, local_rank) gets on top of its host's environment."""
+        base = os.environ if base_env is None else base_env
+        rank = node_rank * self.nproc_per_node + local_rank
+        env = {k: v for k, v in base.items() if k.startswith("MCCL_") and k not in PER_HOST_VARS}
+        env.update(self.env)
+        if "PYTHONUNBUFFERED" not in base and "PYTHONUNBUFFERED" not in env:
+            env["PYTHONUNBUFFERED"] = "1"
+        if self.ranks_per_machine() > 1 and "OMP_NUM_THREADS" not in base and "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = "1"
+        env.update({
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+            "WORLD_SIZE": str(self.world_size),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(self.nproc_per_node),
+            "NODE_RANK": str(node_rank),
+            "GROUP_RANK": str(node_rank),
+            "MCCL_NODE_RANK": str(node_rank),
+            "MCCL_RESTART_COUNT": str(self.restart),
+            "MCCL_MAX_RESTARTS": str(self.max_restarts),
+            "TORCHELASTIC_RESTART_COUNT": str(self.restart),
+            "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts),
+            # torchrun's marker: Lightning then picks TorchElasticEnvironment, which reads WORLD_SIZE and RANK
+            # and rejects a Trainer(num_nodes x devices) that does not match them (LightningEnvironment,
+            # picked otherwise, ignores WORLD_SIZE and waits forever for ranks that were never launched).
+            "TORCHELASTIC_RUN_ID": self.run_id,
+            "MCCL_HOSTS": ",".join(h.name for h in self.hosts),  # host of rank r: r // LOCAL_WORLD_SIZE
+            "MCCL_CAFFEINATE": self.caffeinate,
+        })
+        ifname = self.hosts[node_rank].ifname
+        if ifname:
+            env["MCCL_SOCKET_IFNAME"] = ifname
+        return env
+
+    def rank_specs(self, base_env: Optional[Mapping[str, str]] = None) -> List[RankSpec]:
+        specs = []
+        for node_rank, host in enumerate(self.hosts):
+            for local_rank in range(self.nproc_per_node):
+                rank = node_rank * self.nproc_per_node + local_rank
+                spec = shim_input(argv=self.command, cwd=self.cwd, label=f"{host.name} r{rank}",
+                                  env=self.rank_env(node_rank, local_rank, base_env), grace=self.grace)
+                argv = shim_argv(self.python)
+                if self.ssh is not None:
+                    argv = ssh_argv(self.ssh, host.name, argv)
+                elif self.netns is not None:
+                    argv = netns_exec_argv(self.netns[node_rank], argv)
+                specs.append(RankSpec(rank=rank, host=host.name, argv=tuple(argv), stdin=spec))
+        return specs
+
+    def explain_exit(self, spec: RankSpec, code: int) -> Optional[str]:
+        if code == 255 and not self.is_local:
+            return f"255 is ssh's own exit code: it could not reach {spec.host}, or lost the connection"
+        if code == 127:
+            return f"command not found on {spec.host}: check --python and the command"
+        if code > 128 and code - 128 < 65:
+            try:
+                import signal
+
+                return f"killed by {signal.Signals(code - 128).name}"
+            except ValueError:
+                return None
+        return None
+
+    def next_attempt(self, fresh_port: bool) -> "LaunchPlan":
+        """The plan of the next attempt after a failure: restart + 1, on a new free port if `fresh_port`."""
+        return replace(self, restart=self.restart + 1,
+                       master_port=free_port() if fresh_port else self.master_port)
+
+    def describe(self) -> str:
+        n = self.world_size
+        ranks = f"{n} rank{'s' if n != 1 else ''}"
+        if self.netns is not None:
+            where = f"on {len(self.hosts)} emulated host{'s' if len(self.hosts) != 1 else ''} × {self.nproc_per_node}"
+        elif self.is_local:
+            where = "on this machine over loopback"
+        else:
+            where = f"on {len(self.hosts)} host{'s' if len(self.hosts) != 1 else ''} × {self.nproc_per_node}"
+        return f"{ranks} {where} (master {self.master_addr}:{self.master_port})"
+
+
+def local_plan(num: int, command: Sequence[str], *, master_port: Optional[int] = None, **kwargs) -> LaunchPlan:
+    """`num` hosts that are this machine (loopback); port: `master_port` or a free one."""
+    if num < 1:
+        raise LaunchError(f"--local needs at least 1 rank, got {num}")
+    hosts = tuple(Host(name=LOCAL_HOST_NAME, addr=LOCAL_ADDR) for _ in range(num))
+    return LaunchPlan(hosts=hosts, command=tuple(command), master_port=master_port or free_port(), **kwargs)
+
+
+def switch_plan(fleet, command: Sequence[str], *, master_port: Optional[int] = None, **kwargs) -> LaunchPlan:
+    """The hosts of an emulated switch (a `lightning_mccl.switch.SwitchFleet` that is up), on this machine.
+    Port: `master_port` or 29500 (host 0 is a namespace of its own: only another job on the same switch
+    could hold it)."""
+    hosts = tuple(Host(name=f"h{i}", addr=fleet.host_ip(i), ifname=fleet.ifname) for i in range(fleet.hosts))
+    return LaunchPlan(hosts=hosts, command=tuple(command), master_port=master_port or 29500,
+                      netns=tuple(fleet.netns(i) for i in range(fleet.hosts)), **kwargs)
+
+
+def hostfile_plan(hostfile: Hostfile, command: Sequence[str], *, ssh: Sequence[str] = tuple(shlex.split(DEFAULT_SSH)),
+                  master_port: Optional[int] = None, **kwargs) -> LaunchPlan:
+    """The hostfile's hosts, each reached with `ssh`; port: `master_port` or the hostfile's."""
+    for h in hostfile.hosts:
+        if h.name.startswith("-"):
+            raise LaunchError(f"{hostfile.path}: host name {h.name!r} starts with '-' (ssh would read it as an option)")
+    if not ssh:
+        raise LaunchError("--ssh is empty: give the ssh command, e.g. --ssh 'ssh -o BatchMode=yes'")
+    return LaunchPlan(hosts=tuple(hostfile.hosts), command=tuple(command), ssh=tuple(ssh),
+                      master_port=master_port or hostfile.master_port, **kwargs)

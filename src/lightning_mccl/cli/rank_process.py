@@ -1,0 +1,113 @@
+"""One rank as the launcher sees it: its `RankSpec` (what to start, where, and what to write to its stdin)
+and `_Rank`, the started local process (the rank shim, or the ssh client running it), controlled through
+its stdin (see `rank_shim`), whose merged output is cut into lines. Used by `supervise`."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from typing import List, Mapping, Optional
+
+# A rank's output line longer than this without a newline is passed on in pieces.
+MAX_LINE_BYTES = 64 << 10
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One rank to run: its global rank, the host it runs on (for messages), the local argv that starts it
+    (under the rank shim), that local process's environment (None: this process's) and the bytes written
+    to its stdin first (the shim's spec: what must not be on a command line, see `rank_shim`)."""
+
+    rank: int
+    host: str
+    argv: tuple
+    env: Optional[Mapping[str, str]] = None
+    stdin: bytes = b""
+
+    @property
+    def label(self) -> str:
+        return f"{self.host} r{self.rank}"
+
+
+class _Rank:
+    """A started (or not yet started) rank: its local process, control pipe and partial output line."""
+
+    def __init__(self, spec: RankSpec):
+        self.spec = spec
+        self.proc: Optional[subprocess.Popen] = None
+        self.code: Optional[int] = None
+        self.stopped = False
+        self.forced = False
+        self.pending = b""
+        self.reading = False
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.code is None
+
+    def start(self) -> None:
+        env = dict(self.spec.env) if self.spec.env is not None else None
+        self.proc = subprocess.Popen(
+            list(self.spec.argv), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True, bufsize=0)
+        self.reading = True
+        if self.spec.stdin:
+            try:  # one small line: the pipe holds it whether or not the shim (or ssh) reads it yet
+                self.proc.stdin.write(self.spec.stdin)
+            except (BrokenPipeError, OSError):  # it exited at once: its exit code says why
+                pass
+
+    def control(self, word: str) -> None:
+        stdin = self.proc.stdin if self.proc is not None else None
+        if stdin is None or stdin.closed:
+            return
+        try:
+            stdin.write(word.encode("ascii") + b"\n")
+        except (BrokenPipeError, OSError, ValueError):  # it is exiting already
+            pass
+
+    def close_control(self) -> None:
+        if self.proc is not None and self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+    def force_kill(self) -> None:
+        """SIGKILL the local process's session (the shim, or the ssh client); the last resort."""
+        self.forced = True
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def poll(self, wait: float = 0.0) -> Optional[int]:
+        if self.code is None and self.proc is not None:
+            try:
+                code = self.proc.wait(wait) if wait > 0 else self.proc.poll()
+            except subprocess.TimeoutExpired:
+                code = None
+            if code is not None:
+                self.code = 128 - code if code < 0 else code
+        return self.code
+
+    def split(self, data: bytes, final: bool = False) -> List[str]:
+        """Complete lines out of the output seen so far. A ``\\r`` (progress bars) ends a line too; the
+        empty pieces around ``\\r``s are dropped, blank lines are kept."""
+        lines = (self.pending + data).split(b"\n")
+        self.pending = lines.pop()
+        out: List[bytes] = []
+        for line in lines:
+            if not line:
+                out.append(b"")
+            else:
+                out.extend(p for p in line.split(b"\r") if p)
+        head, sep, tail = self.pending.rpartition(b"\r")
+        if sep:
+            out.extend(p for p in head.split(b"\r") if p)
+            self.pending = tail
+        if (final and self.pending) or len(self.pending) > MAX_LINE_BYTES:
+            out.append(self.pending)
+            self.pending = b""
+        return [p.decode("utf-8", "replace") for p in out]
