@@ -21,7 +21,8 @@ CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(BIN)/ninja -DMCCL_BUILD_TESTS=ON
 # dependencies into build/, first on PYTHONPATH; the rest of the environment is the current one's).
 LIGHTNING_OLDEST ?= 2.5.2
 LIGHTNING_OLDEST_DIR := $(abspath build/lightning-$(LIGHTNING_OLDEST))
-LIGHTNING_OLDEST_TESTS ?= tests/lightning/test_strategy.py tests/lightning/test_environment.py \
+LIGHTNING_OLDEST_TESTS ?= tests/lightning/test_strategy_fits.py tests/lightning/test_strategy_arguments.py \
+  tests/lightning/test_strategy_mps.py tests/lightning/test_environment.py \
   tests/lightning/test_internals.py::test_the_installed_lightning_passes_the_checks \
   tests/lightning/test_internals.py::test_the_mps_gate_rebinds_nothing_and_other_threads_are_still_refused \
   tests/recipes/test_vit_recipe.py::test_mac_configs_instantiate_with_lightning_cli \

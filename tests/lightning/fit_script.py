@@ -1,4 +1,4 @@
-"""One script, every way of starting a Lightning fit that test_strategy.py compares.
+"""One script, every way of starting a Lightning fit that test_strategy_fits.py compares.
 
     python fit_script.py OUT_DIR RUN [RUN ...] [--lightning-first]
 

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from launch_env import HERE, clean_env, free_port
+from spies import forbid_cuda_stream, spy_init_process_group
 
 SCRIPT = os.path.join(HERE, "fabric_script.py")
 DEADLINE_S = 240
@@ -96,18 +97,8 @@ def test_fabric_setup_on_mps_binds_no_device_and_creates_no_cuda_stream(mps_stan
 
     mps_stand_in.setenv("MASTER_ADDR", "127.0.0.1")
     mps_stand_in.setenv("MASTER_PORT", str(free_port()))
-    init_calls = []
-    real_init = dist.init_process_group
-
-    def init_spy(*args, **kwargs):
-        init_calls.append(kwargs)
-        return real_init(*args, **kwargs)
-
-    def no_cuda_stream(*args, **kwargs):
-        raise AssertionError("torch.cuda.Stream() was created")
-
-    mps_stand_in.setattr(dist, "init_process_group", init_spy)
-    mps_stand_in.setattr(torch.cuda, "Stream", no_cuda_stream)
+    init_calls = spy_init_process_group(mps_stand_in)
+    forbid_cuda_stream(mps_stand_in)
     strategy = L.Fabric(strategy="mccl", accelerator="mps", devices=1).strategy
     try:
         strategy._setup_distributed()

@@ -1,0 +1,132 @@
+"""MCCLStrategy in this process, without a fit: the names it registers with Lightning (mirroring DDPStrategy's,
+without "ddp"), its arguments (compress, compress_options, timeout, DDP keyword arguments) and their errors,
+the wire-compression conflicts, and the lazy registration at import."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
+
+import pytest
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from launch_env import clean_env
+
+
+def test_registered_names_mirror_lightning_ddp_without_ddp():
+    from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+
+    from lightning_mccl.lightning import MCCLStrategy
+
+    expected = {
+        "mccl": {"start_method": "popen"},
+        "mccl_spawn": {"start_method": "spawn"},
+        "mccl_find_unused_parameters_true": {"find_unused_parameters": True, "start_method": "popen"},
+        "mccl_find_unused_parameters_false": {"find_unused_parameters": False, "start_method": "popen"},
+        "mccl_spawn_find_unused_parameters_true": {"find_unused_parameters": True, "start_method": "spawn"},
+        "mccl_spawn_find_unused_parameters_false": {"find_unused_parameters": False, "start_method": "spawn"},
+        "mccl_bf16_compress": {"compress": "bf16"},
+        "mccl_fp16_compress": {"compress": "fp16"},
+    }
+    ours = {n for n in StrategyRegistry.available_strategies() if StrategyRegistry[n]["strategy"] is MCCLStrategy}
+    assert ours == set(expected)
+    for name, params in expected.items():
+        assert "ddp" not in name
+        assert StrategyRegistry[name]["init_params"] == params
+        strategy = StrategyRegistry.get(name)
+        assert type(strategy) is MCCLStrategy and strategy.process_group_backend == "mccl"
+        assert strategy._ddp_kwargs["find_unused_parameters"] is params.get("find_unused_parameters", False)
+    # every popen/spawn registration of DDPStrategy has its mccl twin (fork ones are left out on purpose)
+    ddp_names = {n for n in StrategyRegistry.available_strategies() if StrategyRegistry[n]["strategy"] is DDPStrategy}
+    assert {n.replace("ddp", "mccl") for n in ddp_names if "fork" not in n and "notebook" not in n} <= ours
+
+
+def test_arguments_compress_timeout_ddp_kwargs_and_hint():
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    from lightning_mccl.lightning import MCCLStrategy
+
+    s = MCCLStrategy(compress="fp16")  # the engine's wire compression: no hook
+    assert (s._ddp_comm_hook, s._ddp_comm_wrapper, s._compress_plan.wire) == (None, None, "fp16")
+    s.parallel_devices = [torch.device("cpu")]
+    s._choose_compression()  # a CPU root device keeps the engine's compression
+    assert (s._ddp_comm_hook, s._compress_plan.wire) == (None, "fp16")
+    s = MCCLStrategy(compress="fp16", process_group_backend="gloo")  # no engine: torch's hook
+    assert (s._ddp_comm_hook, s._compress_plan.wire) == (default_hooks.fp16_compress_hook, None)
+    s = MCCLStrategy(compress="fp16_hook")
+    assert (s._ddp_comm_hook, s._ddp_comm_wrapper) == (default_hooks.fp16_compress_hook, None)
+    s = MCCLStrategy(compress="bf16_hook", ddp_comm_hook=powerSGD_hook.powerSGD_hook)
+    assert (s._ddp_comm_hook, s._ddp_comm_wrapper) == (powerSGD_hook.powerSGD_hook, default_hooks.bf16_compress_wrapper)
+    s = MCCLStrategy(compress="powersgd", compress_options={"matrix_approximation_rank": 4})
+    assert s._ddp_comm_hook is powerSGD_hook.powerSGD_hook and s._compress_plan.wire is None
+    state = s._ddp_comm_state
+    assert isinstance(state, powerSGD_hook.PowerSGDState) and state.process_group is None
+    assert (state.matrix_approximation_rank, state.start_powerSGD_iter, state.use_error_feedback,
+            state.warm_start) == (4, 10, True, True)
+    assert MCCLStrategy()._ddp_comm_hook is None
+    with pytest.raises(ValueError, match=r"compress='int8'\): expected one of \('bf16', 'fp16', 'bf16_hook'"):
+        MCCLStrategy(compress="int8")
+    with pytest.raises(ValueError, match="give either compress or ddp_comm_wrapper"):
+        MCCLStrategy(compress="bf16_hook", ddp_comm_hook=powerSGD_hook.powerSGD_hook,
+                     ddp_comm_wrapper=default_hooks.fp16_compress_wrapper)
+    with pytest.raises(ValueError, match=r"\['rank'\] are not PowerSGDState arguments"):
+        MCCLStrategy(compress="powersgd", compress_options={"rank": 4})
+    with pytest.raises(ValueError, match="takes no compress_options"):
+        MCCLStrategy(compress="bf16", compress_options={"warm_start": False})
+    with pytest.raises(ValueError, match="leave ddp_comm_hook"):
+        MCCLStrategy(compress="powersgd", ddp_comm_hook=powerSGD_hook.powerSGD_hook)
+    assert MCCLStrategy(timeout=90)._timeout == timedelta(seconds=90)
+    assert MCCLStrategy(timeout=timedelta(minutes=2))._timeout == timedelta(minutes=2)
+    for bad in (0, -1, "soon", True):
+        with pytest.raises(ValueError, match="timeout"):
+            MCCLStrategy(timeout=bad)
+    error = RuntimeError("Expected to have finished reduction in the prior iteration before starting a new one.")
+    MCCLStrategy().on_exception(error)
+    assert "strategy='mccl_find_unused_parameters_true'" in str(error)
+    s = MCCLStrategy(static_graph=True, bucket_cap_mb=4, forward_sync_buffers=False)
+    assert s._ddp_kwargs == {"find_unused_parameters": False, "static_graph": True, "gradient_as_bucket_view": False,
+                             "bucket_cap_mb": 4, "forward_sync_buffers": False}
+
+
+def test_wire_compression_conflicts_are_named(monkeypatch):
+    from lightning_mccl import _backend
+    from lightning_mccl.lightning import compress
+
+    monkeypatch.setenv("MCCL_WIRE_DTYPE", "fp16")
+    monkeypatch.setattr(_backend, "_engine_wire", None)
+    with pytest.raises(ValueError, match="compress='bf16'\\) but MCCL_WIRE_DTYPE=fp16 in the environment"):
+        compress.set_engine_wire("bf16")
+    compress.set_engine_wire("float16")  # the same setting, spelled as the engine also accepts it
+    monkeypatch.delenv("MCCL_WIRE_DTYPE")
+    monkeypatch.setattr(_backend, "_engine_wire", "off")  # a group started earlier, uncompressed
+    with pytest.raises(ValueError, match="already started with MCCL_WIRE_DTYPE=off"):
+        compress.set_engine_wire("bf16")
+    compress.set_engine_wire(None)  # compress unset: nothing to check
+    monkeypatch.setattr(_backend, "_engine_wire", None)
+    compress.set_engine_wire("bf16")
+    assert os.environ["MCCL_WIRE_DTYPE"] == "bf16"
+
+
+def test_import_registers_lazily_and_a_failed_registration_only_warns():
+    """`import lightning_mccl` does not import Lightning; importing lightning.pytorch afterwards registers the
+    names; if registering fails, Lightning still imports and a warning says why."""
+    code = textwrap.dedent("""
+        import sys, warnings
+        import lightning_mccl
+        print("lightning" in sys.modules)
+        sys.modules["lightning_mccl.lightning.strategy"] = None  # make the registration fail
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            from lightning.pytorch.strategies import StrategyRegistry
+        print("mccl" in StrategyRegistry)
+        print([str(w.message) for w in caught if "lightning-mccl" in str(w.message)])
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=clean_env())
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["False", "False"], proc.stdout
+    assert "the 'mccl' Lightning strategies were not registered" in lines[2], proc.stdout
