@@ -1,24 +1,16 @@
-"""Bad input and broken peers must give a clear Python exception, never a hang or a crash.
+"""Local argument errors must give a clear Python exception, never a hang or a crash.
 
-* Local argument errors (unsupported dtype or op, wrong tensor count, sparse tensors, out-of-range ranks,
-  wrong sizes) are swept in one 2-rank run: each must raise an Exception subclass whose message names
-  the cause (checked with lenient regexes), and the process group must still work afterwards. Where the
-  backend may legitimately support the input instead (int16, sparse, PREMUL_SUM), the result must then be
-  correct.
-* Ranks that disagree (sizes, collective, dtype) must all raise within the process group's timeout; the
-  mccl engine names the mismatch ("MCCL collective mismatch: rank 0 ... allreduce ... rank 1 ...").
-* A peer that never arrives at rendezvous, or leaves, makes the others raise within timeout + 10 s.
+Unsupported dtype or op, wrong tensor count, sparse tensors, out-of-range ranks and wrong sizes are swept in
+one 2-rank run: each must raise an Exception subclass whose message names the cause (checked with lenient
+regexes, `error_checks`), and the process group must still work afterwards. Where the backend may
+legitimately support the input instead (int16, sparse, PREMUL_SUM), the result must then be correct.
 
-With MCCL_TEST_BACKEND=gloo the same tests run where Gloo supports them; Gloo aborts the process on
-mismatched sizes/dtypes and crashes on out-of-range peers, so those cases are skipped for gloo only.
-"""
+With MCCL_TEST_BACKEND=gloo the same cases run where Gloo supports them; Gloo crashes on out-of-range
+peers, so those cases are skipped for gloo only."""
 
 from __future__ import annotations
 
-import re
-import time
 import warnings
-from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -26,59 +18,9 @@ import torch
 import torch.distributed as dist
 
 from checks import GlooGap, Sweep, check_tensor, rop
-from harness import backend_name, init_method, progress, run_ranks
+from error_checks import expect_error, still_works, works_or_error
+from harness import progress, run_ranks
 
-ERROR_TYPES = (RuntimeError, ValueError, TypeError)
-MISMATCH_PG_TIMEOUT_S = 20.0
-
-
-def _check_error(e, what, patterns):
-    msg = str(e)
-    if not isinstance(e, ERROR_TYPES):
-        raise AssertionError(f"{what}: raised {type(e).__name__} (not RuntimeError/ValueError/TypeError): {msg[:300]}") from e
-    missing = [p for p in patterns if not re.search(p, msg, re.I)]
-    if missing:
-        raise AssertionError(f"{what}: the message does not name the cause (no match for {missing}): "
-                             f"{type(e).__name__}: {msg[:400]}") from e
-    return msg
-
-
-def _call(fn):
-    result = fn()
-    if hasattr(result, "wait"):  # a Work from the low-level API: errors may surface here
-        result.wait()
-
-
-def expect_error(fn, what, *patterns):
-    """fn() must raise an Exception of ERROR_TYPES whose message matches every regex (re.I)."""
-    try:
-        _call(fn)
-    except Exception as e:  # noqa: BLE001
-        return _check_error(e, what, patterns)
-    raise AssertionError(f"{what}: no exception was raised")
-
-
-def works_or_error(fn, verify, what, *patterns):
-    """Either fn() works and verify() passes, or it raises a clear error (as in expect_error)."""
-    try:
-        _call(fn)
-    except Exception as e:  # noqa: BLE001
-        return _check_error(e, what, patterns)
-    verify()
-    return None
-
-
-def still_works(rank, ws, after):
-    """The group must keep working after a rejected call."""
-    t = torch.full((3,), float(rank + 1))
-    dist.all_reduce(t)
-    exp = ws * (ws + 1) / 2
-    if t.tolist() != [exp] * 3:
-        raise AssertionError(f"after {after}: all_reduce gave {t.tolist()}, expected {[exp] * 3}")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Local argument errors (one 2-rank run)
 
 ARG_GROUPS = ["unsupported_dtype", "complex", "unsupported_op", "tensor_count", "sparse", "bad_rank", "bad_sizes"]
 
@@ -336,150 +278,3 @@ def test_bad_arguments(group):
         pytest.fail(f"group {group!r} ran no case (test bug)", pytrace=False)
     if skips:
         print("skipped (backend gap):\n" + "\n".join(skips))
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Ranks that disagree
-
-
-def mismatch_worker(rank, ws, scenario):
-    """Runs one mismatched call; returns (outcome, seconds, exception type, message)."""
-    warnings.filterwarnings("ignore")
-    t0 = time.monotonic()
-    try:
-        if scenario == "sizes":
-            dist.all_reduce(torch.ones(10 if rank == 0 else 12))
-        elif scenario == "collectives":
-            if rank == 0:
-                dist.all_reduce(torch.ones(10))
-            else:
-                dist.broadcast(torch.ones(10), src=0)
-        elif scenario == "dtypes":
-            dist.all_reduce(torch.ones(10, dtype=torch.float32 if rank == 0 else torch.float64))
-        else:
-            raise ValueError(scenario)
-    except Exception as e:  # noqa: BLE001 - the point of the test
-        outcome = ("raised", time.monotonic() - t0, type(e).__name__, str(e), isinstance(e, ERROR_TYPES))
-    else:
-        outcome = ("returned", time.monotonic() - t0, None, None, None)
-    # Stay alive until every rank is out of its call: a rank that exits early would close its connections
-    # and its peers would only ever see "connection closed", not the mismatch itself.
-    store = dist.distributed_c10d._get_default_store()
-    wait = timedelta(seconds=MISMATCH_PG_TIMEOUT_S + 15)
-    store.set(f"mismatch_test/{scenario}/out/{rank}", "1")
-    store.wait([f"mismatch_test/{scenario}/out/{r}" for r in range(ws)], wait)
-    # rank 0 hosts the store: it leaves last, so nobody's wait above loses its server
-    store.set(f"mismatch_test/{scenario}/left/{rank}", "1")
-    if rank == 0:
-        store.wait([f"mismatch_test/{scenario}/left/{r}" for r in range(ws)], wait)
-    return outcome
-
-
-def _check_mismatch(results, detector_patterns, every=(r"mismatch|connection|closed|abort|lost", r"rank\s*\d")):
-    """Every rank raised in time with a message naming a cause and a peer (`every`), and at least one rank
-    (the one that detected it) describes the mismatch completely: it matches all `detector_patterns`."""
-    problems = []
-    for r, (outcome, secs, etype, msg, ok_type) in enumerate(results):
-        if outcome != "raised":
-            problems.append(f"rank {r} returned normally after {secs:.1f}s instead of raising")
-            continue
-        if secs > MISMATCH_PG_TIMEOUT_S + 10:
-            problems.append(f"rank {r} raised only after {secs:.1f}s (timeout {MISMATCH_PG_TIMEOUT_S:.0f}s)")
-        if not ok_type:
-            problems.append(f"rank {r} raised {etype}, not a RuntimeError/ValueError/TypeError: {msg[:300]}")
-        missing = [p for p in every if not re.search(p, msg, re.I)]
-        if missing:
-            problems.append(f"rank {r}'s message lacks {missing}: {etype}: {msg[:500]}")
-    if detector_patterns and not any(
-        res[3] and all(re.search(p, res[3], re.I) for p in detector_patterns) for res in results
-    ):
-        problems.append(f"no rank's message describes the mismatch completely ({detector_patterns})")
-    messages = "\n".join(f"  rank {r} ({res[1]:.2f}s): {res[2]}: {(res[3] or '')[:400]}" for r, res in enumerate(results))
-    print("messages:\n" + messages)
-    if problems:
-        pytest.fail("\n".join(problems) + "\nmessages:\n" + messages, pytrace=False)
-
-
-def test_mismatched_sizes():
-    if backend_name() == "gloo":
-        pytest.skip("gloo aborts the process (SIGABRT, 'Received data size doesn't match expected size') on mismatched sizes")
-    res = run_ranks(mismatch_worker, 2, args=("sizes",), timeout=MISMATCH_PG_TIMEOUT_S + 40, pg_timeout=MISMATCH_PG_TIMEOUT_S)
-    # element counts 10 and 12 (or 40 and 48 bytes)
-    _check_mismatch(res, [r"mismatch", r"all_?reduce", r"\b(10|40)\b", r"\b(12|48)\b", r"rank\s*0", r"rank\s*1"])
-
-
-def test_mismatched_collectives():
-    gloo = backend_name() == "gloo"
-    pg_timeout = 5.0 if gloo else MISMATCH_PG_TIMEOUT_S  # gloo can only time out: keep that short
-    res = run_ranks(mismatch_worker, 2, args=("collectives",), timeout=pg_timeout + 40, pg_timeout=pg_timeout)
-    if gloo:
-        # Gloo does not detect the mismatch; both ranks must still raise (a timeout), never hang
-        _check_mismatch(res, [], every=[r"time"])
-        return
-    _check_mismatch(res, [r"mismatch", r"all_?reduce", r"broadcast", r"rank\s*0", r"rank\s*1"])
-
-
-def test_mismatched_dtypes():
-    if backend_name() == "gloo":
-        pytest.skip("gloo aborts the process (SIGABRT) on mismatched dtypes")
-    res = run_ranks(mismatch_worker, 2, args=("dtypes",), timeout=MISMATCH_PG_TIMEOUT_S + 40, pg_timeout=MISMATCH_PG_TIMEOUT_S)
-    _check_mismatch(res, [r"mismatch", r"all_?reduce", r"float32|\bfloat\b", r"float64|double", r"rank\s*0", r"rank\s*1"])
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Peers that never arrive or leave
-
-RENDEZVOUS_TIMEOUT_S = 5.0
-
-
-def lonely_worker(rank, ws, own_store):
-    """Only this rank was started. init_process_group or the first collective must raise, not hang."""
-    t0 = time.monotonic()
-    timeout = timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
-    backend = backend_name()
-    try:
-        if own_store:
-            # a store that does not wait for the other rank: the backend's own connection setup must time out
-            port = int(init_method().rsplit(":", 1)[1])
-            store = dist.TCPStore("127.0.0.1", port, ws, is_master=True, timeout=timeout, wait_for_workers=False)
-            dist.init_process_group(backend, store=store, rank=rank, world_size=ws, timeout=timeout)
-        else:
-            dist.init_process_group(backend, init_method=init_method(), rank=rank, world_size=ws, timeout=timeout)
-        progress("first collective")
-        dist.all_reduce(torch.ones(4))
-    except Exception as e:  # noqa: BLE001 - the point of the test
-        return ("raised", time.monotonic() - t0, type(e).__name__, str(e))
-    return ("returned", time.monotonic() - t0, None, None)
-
-
-@pytest.mark.parametrize("own_store", [False, True], ids=["tcp_init_method", "store_without_worker_wait"])
-def test_peer_never_arrives(own_store):
-    res = run_ranks(lonely_worker, 2, ranks=[0], init=False, args=(own_store,), timeout=RENDEZVOUS_TIMEOUT_S + 40)
-    outcome, secs, etype, msg = res[0]
-    assert outcome == "raised", f"rank 0 of 2 (rank 1 never started) returned normally after {secs:.1f}s"
-    assert secs <= RENDEZVOUS_TIMEOUT_S + 10, f"rank 0 raised only after {secs:.1f}s (timeout {RENDEZVOUS_TIMEOUT_S}s): {msg}"
-    assert re.search(r"time|timed out|deadline", msg, re.I), f"the error does not say it timed out: {etype}: {msg[:500]}"
-
-
-def leaving_worker(rank, ws):
-    """Rank 1 leaves at once (destroys its group and exits); rank 0's next collective must raise."""
-    if rank == 1:
-        return None
-    time.sleep(1.0)
-    t0 = time.monotonic()
-    try:
-        t = torch.ones(1000)
-        dist.all_reduce(t)
-    except Exception as e:  # noqa: BLE001
-        return ("raised", time.monotonic() - t0, type(e).__name__, str(e))
-    return ("returned", time.monotonic() - t0, t[:3].tolist(), None)
-
-
-def test_peer_leaves():
-    pg_timeout = MISMATCH_PG_TIMEOUT_S
-    res = run_ranks(leaving_worker, 2, timeout=pg_timeout + 40, pg_timeout=pg_timeout)
-    outcome, secs, etype, msg = res[0]
-    assert outcome == "raised", f"all_reduce with a peer that left returned after {secs:.1f}s: {etype}"
-    assert secs <= pg_timeout + 10, f"raised only after {secs:.1f}s: {msg[:300]}"
-    assert re.search(r"clos|connect|peer|rank\s*1|reset|broken|abort|time|shut", msg, re.I), \
-        f"the error does not name the cause: {etype}: {msg[:500]}"
