@@ -43,7 +43,7 @@ build: $(VENV)/.deps
 demo: build
 	$(PY) examples/vit_finetune.py fit --config configs/vit_local.yaml
 
-# The README's performance tables: mccl vs Gloo (and mpi4py when installed) in the same run, on $(NPROC)
+# docs/performance.md's tables: mccl vs Gloo (and mpi4py when installed) in the same run, on $(NPROC)
 # local ranks; bench-fleet on an emulated 4-host switch (Linux, root). Results under runs/bench/.
 bench: build
 	$(PY) benchmarks/allreduce.py --nproc $(NPROC)
@@ -55,7 +55,7 @@ bench-fleet: build
 	$(PY) benchmarks/allreduce.py --hosts 4 --rate 10gbit --min 4K --max 256M --step-factor 4
 	$(PY) benchmarks/ddp_vit.py --hosts 4 --rate 10gbit --series mccl,mccl:MCCL_WIRE_DTYPE=bf16:label=mccl-bf16,gloo
 
-# The README's reliability figures: fault injection (kill, stop, mismatch, garbage) and the soak.
+# docs/reliability.md's figures: fault injection (kill, stop, mismatch, garbage) and the soak.
 reliability: build
 	mkdir -p runs
 	$(PY) benchmarks/faults.py --out runs/faults.json

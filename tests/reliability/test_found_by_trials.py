@@ -2,7 +2,7 @@
 communicator id is refused (HMAC handshake), a stalled handshake does not block rendezvous (handshakes are
 read concurrently, each with a deadline), and a broadcast whose root differs between ranks is a mismatch
 (frames left unmatched after a collective are reported). The races (a SIGKILL or SIGSTOP sometimes blamed
-on a live rank) are exercised by benchmarks/faults.py; see the README's reliability section."""
+on a live rank) are exercised by benchmarks/faults.py; see docs/reliability.md."""
 from __future__ import annotations
 
 import json

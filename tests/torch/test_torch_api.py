@@ -8,7 +8,7 @@
   DistBackendError, as NCCL raises (Gloo raises a plain RuntimeError); torch has no timeout type.
 - DDP's logging data names a third-party backend "custom": torch's ProcessGroup::getBackendName() maps the
   group's BackendType enum (CUSTOM for every registered backend), and a backend cannot change it. Checked
-  here so that a torch that lets it (then the README's note is stale) is noticed.
+  here so that a torch that lets it (then docs/design.md's note is stale) is noticed.
 """
 from __future__ import annotations
 
@@ -134,4 +134,4 @@ def test_ddp_logging_names_a_third_party_backend_custom(backend, logged):
     name, got = run_ranks(ddp_name_worker, 1, backend=backend, timeout=60)[0]
     assert name == backend
     assert got == logged, (f"DDP's logging data now names the {backend} backend {got!r}: torch lets a backend "
-                           "report its own name there; update the README (DDP logging) and this test")
+                           "report its own name there; update docs/design.md (DDP logging) and this test")
