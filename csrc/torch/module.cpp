@@ -4,7 +4,7 @@
 // torch registers c10d kernels for CPU and CUDA only, so a collective on an MPS tensor fails in the
 // dispatcher before any backend sees it. For each c10d op we register one boxed MPS kernel that
 // re-dispatches the same call to the op's CPU kernel; that kernel only looks up the process group's
-// backend and calls it, and ProcessGroupMCCL handles MPS tensors itself (staging through host memory).
+// backend and calls it, and ProcessGroupMCCL handles MPS tensors itself (in place or staged: staging.hpp).
 // Being boxed, it does not depend on the operators' schemas, which change between torch releases.
 #include <torch/extension.h>
 #include <torch/library.h>
