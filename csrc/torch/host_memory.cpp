@@ -28,6 +28,7 @@ bool in_place_enabled() {
 
 HostAccess cuda_access(const at::Tensor& t) {
   void* data = t.data_ptr();
+  at::globalContext().lazyInitDevice(at::kCUDA);  // isPinnedPtr says false before (a no-op after)
   if (at::globalContext().isPinnedPtr(data, at::kCUDA)) return {data, "pinned host memory"};
   return {nullptr, "device memory"};
 }
@@ -41,9 +42,9 @@ HostAccess mps_access(const at::Tensor& t) {
 }  // namespace
 
 HostAccess host_access(const at::Tensor& t) {
-  if (!in_place_enabled()) return {nullptr, "MCCL_DEVICE_IN_PLACE=0"};
   if (t.numel() == 0) return {nullptr, "an empty tensor"};
   if (!t.is_contiguous()) return {nullptr, "not contiguous"};
+  if (!in_place_enabled()) return {nullptr, "MCCL_DEVICE_IN_PLACE=0"};
   if (t.device().is_cuda()) return cuda_access(t);
   if (t.device().is_mps()) return mps_access(t);
   return {nullptr, c10::str("no CPU mapping is known for ", t.device().type(), " memory")};
