@@ -106,7 +106,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "device_memory_path",
       [](const at::Tensor& t) {
-        if (t.device().is_cpu()) return std::make_pair(true, std::string("CPU memory"));
+        if (t.device().is_cpu())
+          return t.is_contiguous() ? std::make_pair(true, std::string("CPU memory"))
+                                   : std::make_pair(false, std::string("not contiguous"));
         const lightning_mccl::HostAccess access = lightning_mccl::host_access(t);
         return std::make_pair(access.data != nullptr, access.reason);
       },

@@ -18,7 +18,8 @@ def paths_and_buffers(rank, world):
     import torch.distributed as dist
     from lightning_mccl import _C
 
-    res = {"built": _C.mps_mapping_built(), "cpu": list(_C.device_memory_path(torch.zeros(4)))}
+    res = {"built": _C.mps_mapping_built(), "cpu": list(_C.device_memory_path(torch.zeros(4))),
+           "cpu_strided": list(_C.device_memory_path(torch.zeros(4, 4).t()))}
     meta = torch.empty(4, 4, device="meta")
     res["meta_empty"] = list(_C.device_memory_path(torch.empty(0, device="meta")))
     res["meta_strided"] = list(_C.device_memory_path(meta.t()))
@@ -61,7 +62,7 @@ def paths_and_buffers(rank, world):
 def test_path_choice_fallback_and_reused_host_buffers():
     for rank, res in enumerate(run_ranks(paths_and_buffers, 1, timeout=120)):
         assert res["built"] is (sys.platform == "darwin")
-        assert res["cpu"] == [True, "CPU memory"]
+        assert res["cpu"] == [True, "CPU memory"] and res["cpu_strided"] == [False, "not contiguous"]
         assert res["meta_empty"] == [False, "an empty tensor"]
         assert res["meta_strided"] == [False, "not contiguous"]
         assert res["bad_value"] and "MCCL_DEVICE_IN_PLACE='sometimes' is not one of auto, 0" in res["bad_value"]
