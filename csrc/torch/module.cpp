@@ -4,7 +4,7 @@
 // torch registers c10d kernels for CPU and CUDA only, so a collective on an MPS tensor fails in the
 // dispatcher before any backend sees it. For each c10d op we register one boxed MPS kernel that
 // re-dispatches the same call to the op's CPU kernel; that kernel only looks up the process group's
-// backend and calls it, and ProcessGroupMCCL handles MPS tensors itself (staging through host memory).
+// backend and calls it, and ProcessGroupMCCL handles MPS tensors itself (in place or staged: staging.hpp).
 // Being boxed, it does not depend on the operators' schemas, which change between torch releases.
 #include <torch/extension.h>
 #include <torch/library.h>
@@ -13,6 +13,9 @@
 
 #include "netif.h"
 #include "reduce.h"
+#include "host_buffers.hpp"
+#include "host_memory.hpp"
+#include "mps_memory.hpp"
 #include "process_group_mccl.hpp"
 
 namespace {
@@ -100,6 +103,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "dst = dst OP src with the engine's CPU reducer (float tensors on the CPU)");
   m.def("reduce_vector_path", &mccl::reduce_vector_path,
         "the vector instructions the engine's CPU reducer uses in this process (for mccl doctor)");
+  m.def(
+      "device_memory_path",
+      [](const at::Tensor& t) {
+        if (t.device().is_cpu())
+          return t.is_contiguous() ? std::make_pair(true, std::string("CPU memory"))
+                                   : std::make_pair(false, std::string("not contiguous"));
+        const lightning_mccl::HostAccess access = lightning_mccl::host_access(t);
+        return std::make_pair(access.data != nullptr, access.reason);
+      },
+      pybind11::arg("tensor"),
+      "(in place, why): whether collectives read and write this tensor's memory in place or stage it "
+      "through host buffers (host_memory.hpp)");
+  m.def("device_path_counts", [] {
+    const auto c = lightning_mccl::path_counts();
+    return std::map<std::string, uint64_t>{{"in_place", c.in_place}, {"staged", c.staged}};
+  }, "accelerator tensors this process's collectives took in place and staged");
+  m.def("host_buffer_counts", [] {
+    const auto c = lightning_mccl::host_buffer_counts();
+    return std::map<std::string, uint64_t>{{"fresh", c.fresh}, {"reused", c.reused}, {"cached_bytes", c.cached_bytes}};
+  }, "staging's reused host buffers (host_buffers.hpp): allocated, taken again, bytes kept free");
+  m.def("mps_mapping_built", &lightning_mccl::mps_mapping_built,
+        "whether this build asks torch's MPS allocator for CPU mappings (macOS builds)");
   m.def("mps_kernels_registered", [] {
     return c10::Dispatcher::singleton()
         .findSchemaOrThrow("c10d::allreduce_", "")

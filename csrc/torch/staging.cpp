@@ -4,39 +4,22 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
-#include <map>
-#include <mutex>
+#include "host_buffers.hpp"
+#include "host_memory.hpp"
 
 namespace lightning_mccl {
 namespace {
-
-// One side stream per device, taken from the device's stream pool once: every staging copy of that
-// device is ordered on it.
-c10::Stream side_stream(const c10::Device& device) {
-  static std::mutex mu;
-  static std::map<std::pair<int, int>, c10::Stream> streams;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_pair(static_cast<int>(device.type()), static_cast<int>(device.index()));
-  auto it = streams.find(key);
-  if (it != streams.end()) return it->second;
-  auto* impl = c10::impl::getDeviceGuardImpl(device.type());
-  c10::Stream stream = impl->getStream(device);
-  try {
-    stream = impl->getStreamFromGlobalPool(device, /*isHighPriority=*/false);
-  } catch (const c10::Error&) {
-    // A device without a stream pool: stage on the caller's stream (still ordered, not overlapped).
-  }
-  streams.emplace(key, stream);
-  return stream;
-}
 
 // PREMUL_SUM: the values the engine reduces (in the tensor's own dtype, as an in-place multiply would).
 at::Tensor scaled(const at::Tensor& t, const at::Tensor& premul) {
   return t.clone(at::MemoryFormat::Contiguous).mul_(premul);
 }
 
-at::TensorOptions host_options(const at::Tensor& t) {
-  return t.options().device(at::kCPU).pinned_memory(t.device().is_cuda());
+// The host buffer a staged tensor travels through: pinned for CUDA (torch's caching host allocator,
+// which reuses them), else from our own reused buffers (host_buffers.hpp).
+at::Tensor host_buffer(const at::Tensor& t) {
+  if (t.device().is_cuda()) return at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+  return reused_host_buffer(t.sizes(), t.options());
 }
 
 }  // namespace
@@ -53,30 +36,38 @@ Staged stage(const at::Tensor& t, bool read, bool write, const char* op, int ran
   Staged s;
   s.user = t;
   if (t.device().is_cpu()) {
-    s.host = t.is_contiguous() ? t : t.contiguous();
+    s.host = t.is_contiguous() ? t : host_buffer(t);
+    if (read && !s.host.is_same(t)) s.host.copy_(t);
     if (read && premul) s.host = scaled(s.host, *premul);  // a new tensor: the result is copied back
     s.copy_back = write && !s.host.is_same(t);
     return s;
   }
   const c10::Device device = t.device();
-  auto* impl = c10::impl::getDeviceGuardImpl(device.type());
-  const c10::Stream caller = impl->getStream(device);
+  const c10::Stream caller = current_stream(device);
+  if (!(read && premul)) {
+    const HostAccess access = host_access(t);
+    count_path(access.data != nullptr);
+    if (access.data) {
+      s.host = host_alias(t, access.data);
+      s.start_after = mark(caller);
+      return s;
+    }
+  } else {
+    count_path(false);
+  }
   const c10::Stream side = side_stream(device);
   s.stream = side;
   s.copy_back = write;
-  s.host = at::empty(t.sizes(), host_options(t));
+  s.host = host_buffer(t);
   // The side stream starts after what the caller has queued so far (including the premul and the
   // contiguous copy, which run on the caller's stream).
   s.source = read ? (premul ? scaled(t, *premul) : t.contiguous()) : at::Tensor();
-  c10::Event produced(device.type());
-  produced.record(caller);
-  produced.block(side);
+  order_after(caller, side);
   if (read) {
     c10::StreamGuard guard(side);
     s.host.copy_(s.source, /*non_blocking=*/true);
-    impl->recordDataPtrOnStream(s.source.storage().data_ptr(), side);
-    s.copied = std::make_shared<c10::Event>(device.type());
-    s.copied->record(side);
+    c10::impl::getDeviceGuardImpl(device.type())->recordDataPtrOnStream(s.source.storage().data_ptr(), side);
+    s.start_after = mark(side);
   }
   return s;
 }
@@ -89,7 +80,7 @@ Staging unpack_into(const at::Tensor& packed, const std::vector<at::Tensor>& ten
     s.user = t;
     s.host = packed.narrow(0, at_elem, t.numel()).view(t.sizes());
     s.copy_back = true;
-    if (!t.device().is_cpu()) s.stream = c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device());
+    if (!t.device().is_cpu()) s.stream = current_stream(t.device());
     staging->push_back(s);
     at_elem += t.numel();
   }
@@ -109,13 +100,10 @@ void unstage(const Staged& s) {
 }
 
 std::function<void()> ready(const Staging& staging) {
-  std::vector<std::shared_ptr<c10::Event>> events;
+  std::vector<Mark> marks;
   for (const auto& s : *staging)
-    if (s.copied) events.push_back(s.copied);
-  if (events.empty()) return nullptr;
-  return [events = std::move(events)] {
-    for (const auto& e : events) e->synchronize();
-  };
+    if (s.start_after) marks.push_back(s.start_after);
+  return host_wait(std::move(marks));
 }
 
 void wait_copied(const Staging& staging) {

@@ -20,7 +20,7 @@ def test_a_rank_that_cannot_use_metal_keeps_the_other_on_the_cpu(monkeypatch):
     monkeypatch.setenv("MCCL_METAL", "auto")
     mac = {"host": "studio-02", "machine": "arm64", "cpu": "neon (float16 converted in hardware)",
            "vote": {"ok": True, "device": "metal", "reason": "metal passed the self-test"},
-           "mps": "staged through host buffers (reading MPS memory in place is not built yet)"}
+           "mps": "in place: MPS shared storage (unified memory)"}
     rows = doctor_reduction.reports(TwoRanks(mac))
     assert rows[0]["vote"]["ok"] is False and rows[0]["vote"]["reason"].startswith("metal unavailable: not macOS")
     assert rows[0]["metal"] == "no: " + rows[0]["vote"]["reason"]
@@ -39,3 +39,20 @@ def test_all_ranks_yes_means_metal_everywhere(monkeypatch):
     mac = {"host": "studio-02", "machine": "arm64", "cpu": "neon", "vote": yes, "mps": "no MPS device"}
     rows = doctor_reduction.reports(TwoRanks(mac))
     assert [r["metal"] for r in rows] == ["yes: metal passed the self-test on all 2 ranks"] * 2
+
+
+def test_the_mps_column_is_the_bindings_own_answer(monkeypatch):
+    """What the doctor says for MPS comes from the binding's check (host_memory.hpp), asked for a tensor
+    of bucket size; here a meta tensor stands in for the MPS one (there is no MPS device)."""
+    import torch
+
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    probes = []
+
+    def probe():
+        probes.append(torch.empty(doctor_reduction.PROBE_BYTES // 4, device="meta"))
+        return probes[-1]
+
+    monkeypatch.setattr(doctor_reduction, "mps_probe", probe)
+    assert doctor_reduction.mps_path() == "staged through reused host buffers: no CPU mapping is known for meta memory"
+    assert probes[0].numel() * 4 == 25 << 20

@@ -4,7 +4,9 @@
   AVX2 or SSE2 chosen at run time on x86-64, NEON with hardware float16 conversion on arm64).
 - Metal: the decision training would make with this environment (MCCL_METAL, its self-test when enabled,
   and the agreement of all ranks, lightning_mccl.metal.gate) and its reason.
-- MPS tensors: read in place or staged through host memory, and why.
+- MPS tensors: read and written in place (shared storage: the CPU addresses the same memory) or staged
+  through reused host buffers, and why: the answer of the binding itself (csrc/torch/host_memory.hpp)
+  for a tensor the size of a gradient bucket, allocated by torch's MPS allocator as training's are.
 
 reports() runs on every rank of the doctor's measurement (doctor_bench), after the process group is up;
 table() renders rank 0's gathered list.
@@ -26,12 +28,28 @@ def cpu_vector_path() -> str:
     return fn() if fn is not None else "unknown (this build of lightning_mccl._C does not report it)"
 
 
+# The probe's size: DDP's default gradient bucket (25 MiB), which torch's MPS allocator places like training's.
+PROBE_BYTES = 25 << 20
+
+
+def mps_probe():
+    import torch
+
+    return torch.empty(PROBE_BYTES // 4, dtype=torch.float32, device="mps")
+
+
 def mps_path() -> str:
     import torch
 
+    from lightning_mccl import _C
+
     if not torch.backends.mps.is_available():
         return "no MPS device"
-    return "staged through host buffers (reading MPS memory in place is not built yet)"
+    fn = getattr(_C, "device_memory_path", None)
+    if fn is None:
+        return "staged through host buffers (this build of lightning_mccl._C does not report why)"
+    in_place, why = fn(mps_probe())
+    return f"in place: {why}" if in_place else f"staged through reused host buffers: {why}"
 
 
 def reports(dist) -> List[dict]:
