@@ -184,8 +184,8 @@ TEST(allreduce_all_algorithms) {
 
 TEST(broadcast_reduce_every_root) {
   Config config = small_chunks();
-  for (size_t threshold : {size_t(1), size_t(1) << 20}) {  // large path (ring) and small path (trees)
-    config.rd_max_bytes = threshold;
+  for (AlgoChoice algo : {AlgoChoice::kRing, AlgoChoice::kTree}) {  // large path (ring) and small path (trees)
+    config.broadcast_algo = config.reduce_algo = algo;
     for (int world : kWorlds) {
       auto errors = run_world(world, [&](int rank, Communicator& comm) {
         for (int root = 0; root < world; ++root) {
@@ -214,6 +214,7 @@ TEST(broadcast_reduce_every_root) {
 
 TEST(allgather_reduce_scatter_gather_scatter_alltoall) {
   Config config = small_chunks();
+  config.allgather_algo = config.reduce_scatter_algo = AlgoChoice::kRing;  // the others: the next test
   for (int world : kWorlds) {
     auto errors = run_world(world, [&](int rank, Communicator& comm) {
       for (size_t count : {size_t(0), size_t(1), size_t(5), size_t(333)}) {
@@ -277,6 +278,48 @@ TEST(allgather_reduce_scatter_gather_scatter_alltoall) {
       comm.barrier()->wait();
     }, std::chrono::seconds(60), config);
     check_world(errors, "exchange", world);
+  }
+}
+
+// The latency-optimal all-gather (Bruck) and reduce-scatter (recursive doubling), forced, on every world
+// size (powers of two and not): all-gather exactly, reduce-scatter against the float64 reference (SUM
+// in float64, AVG in float32).
+TEST(allgather_bruck_reduce_scatter_rd) {
+  Config config = small_chunks();
+  config.allgather_algo = AlgoChoice::kBruck;
+  config.reduce_scatter_algo = AlgoChoice::kRecursiveDoubling;
+  for (int world : kWorlds) {
+    auto errors = run_world(world, [&](int rank, Communicator& comm) {
+      for (size_t count : {size_t(0), size_t(1), size_t(5), size_t(333)}) {
+        std::vector<int64_t> in(count);
+        for (size_t i = 0; i < count; ++i) in[i] = rank * 100000 + static_cast<int64_t>(i);
+        std::vector<std::vector<int64_t>> outs(world, std::vector<int64_t>(count, -1));
+        std::vector<char*> ptrs;
+        for (auto& o : outs) ptrs.push_back(reinterpret_cast<char*>(o.data()));
+        comm.allgather(in.data(), count, DataType::kInt64, ptrs)->wait();
+        for (int k = 0; k < world; ++k)
+          for (size_t i = 0; i < count; ++i)
+            if (outs[k][i] != k * 100000 + static_cast<int64_t>(i))
+              fail(Error::Kind::kInternal, "bruck allgather count ", count, ": block ", k, " element ", i, " is ",
+                   outs[k][i]);
+        std::vector<double> rs_in(count * world), rs_out(count, -1);
+        std::vector<float> avg_in(count * world), avg_out(count, -1);
+        for (size_t j = 0; j < rs_in.size(); ++j) {
+          rs_in[j] = value(rank, j, ReduceOp::kSum);
+          avg_in[j] = static_cast<float>(value(rank, j, ReduceOp::kAvg));
+        }
+        comm.reduce_scatter(rs_in.data(), count, DataType::kFloat64, ReduceOp::kSum, rs_out.data())->wait();
+        comm.reduce_scatter(avg_in.data(), count, DataType::kFloat32, ReduceOp::kAvg, avg_out.data())->wait();
+        for (size_t i = 0; i < count; ++i) {
+          const size_t j = rank * count + i;
+          if (rs_out[i] != reference(DataType::kFloat64, ReduceOp::kSum, world, j))
+            fail(Error::Kind::kInternal, "rd reduce_scatter sum count ", count, " wrong at ", i);
+          if (std::fabs(avg_out[i] - reference(DataType::kFloat64, ReduceOp::kAvg, world, j)) > 1e-6)
+            fail(Error::Kind::kInternal, "rd reduce_scatter avg count ", count, " wrong at ", i);
+        }
+      }
+    }, std::chrono::seconds(60), config);
+    check_world(errors, "bruck/rd", world);
   }
 }
 
