@@ -33,10 +33,13 @@ class StoreAdapter : public mccl::Store {
 }  // namespace
 
 ProcessGroupMCCL::ProcessGroupMCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                   std::chrono::milliseconds timeout, const std::string& route_to)
+                                   std::chrono::milliseconds timeout, const std::string& route_to,
+                                   const mccl::Settings& settings)
     : c10d::Backend(rank, size) {
   StoreAdapter adapter(store);
-  comm_ = translated([&] { return std::make_unique<mccl::Communicator>(adapter, rank, size, timeout, route_to); });
+  comm_ = translated([&] {
+    return std::make_unique<mccl::Communicator>(adapter, rank, size, timeout, route_to, mccl::Config::from_env(settings));
+  });
 }
 
 ProcessGroupMCCL::~ProcessGroupMCCL() = default;

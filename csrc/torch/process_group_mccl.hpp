@@ -27,8 +27,12 @@ using Staging = std::shared_ptr<std::vector<Staged>>;
 
 class ProcessGroupMCCL : public c10d::Backend {
  public:
+  // `settings`: the group's backend options (variable name -> value, docs/settings.md), which take the
+  // place of the environment's values. The group reads its settings here, once: nothing changes them
+  // later, and a variable set afterwards applies to the groups made after that.
   ProcessGroupMCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                   std::chrono::milliseconds timeout, const std::string& route_to);
+                   std::chrono::milliseconds timeout, const std::string& route_to,
+                   const mccl::Settings& settings = {});
   ~ProcessGroupMCCL() override;
 
   const std::string getBackendName() const override { return "mccl"; }
