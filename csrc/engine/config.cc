@@ -27,7 +27,8 @@ const char* const kVariables[] = {
 class Reader {
  public:
   explicit Reader(const Settings& given) : given_(given) {
-    for (const auto& [name, value] : given_) {
+    for (const auto& setting : given_) {
+      const std::string& name = setting.first;
       if (std::find_if(std::begin(kVariables), std::end(kVariables),
                        [&](const char* v) { return name == v; }) == std::end(kVariables))
         fail(Error::Kind::kInvalidArgument, "unknown MCCL setting '", name, "' (the settings are the MCCL_* "
