@@ -15,7 +15,7 @@ def test_series_parsing_and_launch_groups():
     s = parse_series("mccl,mccl:MCCL_ALGO=ring:rtol=1e-3,gloo", {"OMP_NUM_THREADS": "1"})
     assert [x.label for x in s] == ["mccl", "mccl[MCCL_ALGO=ring]", "gloo"]
     assert s[1].env_dict == {"MCCL_ALGO": "ring", "OMP_NUM_THREADS": "1"} and s[1].rtol == 1e-3
-    # the engine reads MCCL_* once per process: a series with its own MCCL_* variables needs its own launch;
+    # a launch's group reads MCCL_* when it is made: a series with its own MCCL_* variables needs its own launch;
     # Gloo ignores them and shares the launch of plain mccl
     assert [[x.label for x in g] for g in launch_groups(s)] == [["mccl", "gloo"], ["mccl[MCCL_ALGO=ring]"]]
     assert parse_series("gloo,mccl:MCCL_X=1:label=x")[1].label == "x"
