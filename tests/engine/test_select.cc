@@ -72,6 +72,22 @@ TEST(each_collective_has_its_own_threshold_and_forcing) {
   CHECK(latency_max_bytes(Config(), CollectiveKind::kAllreduce, 8) == 128 * KiB);
 }
 
+// What the handshake compares: 0 for the defaults (so the Hello of a default rank is as before), else a
+// digest that tells apart every setting.
+TEST(selection_digest_tells_settings_apart) {
+  CHECK(selection_digest(Config()) == 0);
+  Config a, b, c;
+  a.allgather_algo = AlgoChoice::kBruck;
+  b.allgather_bruck_max_bytes = 4 * KiB;
+  c.reduce_scatter_rd_max_bytes = 4 * KiB;
+  CHECK(selection_digest(a) != 0 && selection_digest(b) != 0 && selection_digest(c) != 0);
+  CHECK(selection_digest(a) != selection_digest(b) && selection_digest(b) != selection_digest(c));
+  Config d = b;
+  CHECK(selection_digest(d) == selection_digest(b));
+  d.rd_max_bytes = 1;  // allreduce's variables travel as themselves
+  CHECK(selection_digest(d) == selection_digest(b));
+}
+
 TEST(selection_variables_are_parsed) {
   Config c = Config::from_env({{"MCCL_ALLGATHER_ALGO", "bruck"}, {"MCCL_REDUCE_SCATTER_ALGO", "rd"},
                                {"MCCL_BROADCAST_ALGO", "tree"}, {"MCCL_REDUCE_ALGO", "ring"},

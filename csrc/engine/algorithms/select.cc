@@ -73,6 +73,20 @@ size_t threshold_variable(const Config& c, CollectiveKind kind) {
 
 }  // namespace
 
+uint32_t selection_digest(const Config& c) {
+  const uint64_t values[] = {static_cast<uint64_t>(c.broadcast_algo),       c.broadcast_tree_max_bytes,
+                             static_cast<uint64_t>(c.reduce_algo),          c.reduce_tree_max_bytes,
+                             static_cast<uint64_t>(c.allgather_algo),       c.allgather_bruck_max_bytes,
+                             static_cast<uint64_t>(c.reduce_scatter_algo), c.reduce_scatter_rd_max_bytes};
+  uint32_t hash = 2166136261u;  // FNV-1a over the values' bytes
+  bool defaults = true;
+  for (uint64_t v : values) {
+    defaults = defaults && v == 0;  // kAuto and 0 (the table) are the defaults
+    for (int i = 0; i < 8; ++i) hash = (hash ^ static_cast<uint8_t>(v >> (8 * i))) * 16777619u;
+  }
+  return defaults ? 0 : (hash == 0 ? 1 : hash);
+}
+
 size_t latency_max_bytes(const Config& config, CollectiveKind kind, int world) {
   if (size_t set = threshold_variable(config, kind)) return set;
   const Entry* e = entry_for(kind, world);

@@ -29,6 +29,11 @@ namespace mccl {
 // reduce_scatter have a choice; the other kinds get kRing (unused).
 AlgoChoice select_algorithm(const Config& config, CollectiveKind kind, int world, size_t bytes, size_t count);
 
+// A 32-bit digest of the forcing and threshold variables of broadcast, reduce, allgather and
+// reduce_scatter, compared when ranks connect (MCCL_ALGO and MCCL_RD_MAX_BYTES travel as themselves);
+// 0 when all are at their defaults. Ranks that chose differently would post mismatched frames.
+uint32_t selection_digest(const Config& config);
+
 // The size up to which `auto` picks the latency-optimal algorithm: the threshold variable when set,
 // else the table's entry for `world` ranks.
 size_t latency_max_bytes(const Config& config, CollectiveKind kind, int world);
