@@ -10,7 +10,7 @@ For every size, each series first runs the collective once on known inputs and i
 reference; then the series take turns, repetition by repetition, each timed as barrier + one collective,
 the slowest rank's time counting. Reported: median, min and max time, algbw = size / median and busbw =
 algbw x the nccl-tests factor of the op (allreduce 2(n-1)/n; allgather, reduce_scatter, alltoall (n-1)/n;
-broadcast 1), GB/s = 1e9 bytes/s. Output: a table on stdout, and results.csv, results.md, results.png in
+broadcast, reduce 1), GB/s = 1e9 bytes/s. Output: a table on stdout, and results.csv, results.md, results.png in
 --out (default runs/bench/<op>-<time>). Exit code 1 if any result was wrong.
 --op takes a comma-separated list (or `all`): the ops then run one after the other in the same ranks.
 
@@ -268,7 +268,7 @@ def result_table(rows: list, baseline: str, with_op: bool) -> report.Table:
     return cols, cells
 
 
-BUS_FACTORS = {"allreduce": "2(n-1)/n", "broadcast": "1"}
+BUS_FACTORS = {"allreduce": "2(n-1)/n", "broadcast": "1", "reduce": "1"}
 
 
 def write_outputs(out: str, rows: list, header: dict, ops: list, labels: list, baseline: str, log,

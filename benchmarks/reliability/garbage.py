@@ -46,7 +46,8 @@ CLOSED_ERRNOS = (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN)  # longer than t
 
 def hello(comm_id: int, rank: int, world: int, magic: int = MAGIC, version: int = VERSION) -> bytes:
     """The Hello of wire.h: magic u32, version u16, role u16, comm_id u64, rank u32, world_size u32, nonce 32
-    bytes, lane u16, nsocks u16, chunk_bytes u32, rd_max_bytes u64, algo u8, 7 reserved bytes (80 in all)."""
+    bytes, lane u16, nsocks u16, chunk_bytes u32, rd_max_bytes u64, algo u8, selection 4 bytes (0: default
+    algorithm settings), 3 reserved bytes (80 in all)."""
     return struct.pack("<IHHQII32sHHIQB7x", magic, version, CONNECTOR, comm_id & (2**64 - 1), rank & (2**32 - 1),
                        world & (2**32 - 1), bytes(range(32)), 0, 1, DEFAULT_CHUNK_BYTES, 0, 0)
 

@@ -8,7 +8,7 @@ engine, an optional DDP comm hook and DDP's own settings.
     mccl:bucket=100:view:static  DDP settings: bucket_cap_mb, gradient_as_bucket_view, static_graph
     ...:label=NAME               the label in the table (default: the text itself)
 
-The engine reads MCCL_WIRE_DTYPE once per process, so each wire type is a launch of its own (with its own
+A process group reads MCCL_WIRE_DTYPE when it is made and a launch makes one, so each wire type is a launch of its own (with its own
 compute series, so that every efficiency compares steps of the same processes). PowerSGD also gets a launch of
 its own: a failure there (its chained collectives, issue 10) loses that series only.
 """

@@ -32,6 +32,8 @@ def run(op: str, bufs, c) -> None:
         c.Allreduce(MPI.IN_PLACE, inp, op=MPI.SUM)
     elif op == "broadcast":
         c.Bcast(inp, root=0)
+    elif op == "reduce":
+        c.Reduce(MPI.IN_PLACE if c.Get_rank() == 0 else inp, inp, op=MPI.SUM, root=0)
     elif op == "allgather":
         c.Allgather(inp, out)
     elif op == "reduce_scatter":

@@ -4,7 +4,9 @@ size (the "size" column) is, as in nccl-tests: the buffer for allreduce and broa
 for allgather, the input for reduce_scatter and alltoall. algbw = size / time; busbw = algbw x factor, the
 factor that makes busbw comparable to the link speed whatever the algorithm:
 
-    allreduce 2(n-1)/n     allgather, reduce_scatter, alltoall (n-1)/n     broadcast 1
+    allreduce 2(n-1)/n     allgather, reduce_scatter, alltoall (n-1)/n     broadcast, reduce 1
+
+reduce is checked on its root (rank 0) only: torch leaves the other ranks' buffers undefined.
 
 Inputs: rank r's element j is v_r[j] = x[j] (1 + r) + r / 4, with x drawn from a seed every rank shares, so
 every rank can compute any rank's input, and its own expected output in float64, without communicating.
@@ -33,6 +35,7 @@ OPS: Dict[str, OpSpec] = {
     "allgather": OpSpec("allgather", lambda n: (n - 1) / n, True),
     "reduce_scatter": OpSpec("reduce_scatter", lambda n: (n - 1) / n, True),
     "broadcast": OpSpec("broadcast", lambda n: 1.0, False),
+    "reduce": OpSpec("reduce", lambda n: 1.0, False),
     "alltoall": OpSpec("alltoall", lambda n: (n - 1) / n, True),
 }
 
@@ -62,7 +65,7 @@ class Buffers:
         elif op == "alltoall":
             self.inp = torch.empty(count, dtype=dtype)
             self.out = torch.empty(count, dtype=dtype)
-        else:  # allreduce, broadcast: in place
+        else:  # allreduce, broadcast, reduce: in place
             self.inp = torch.empty(count, dtype=dtype)
             self.out = self.inp
         self.shard = shard
@@ -83,6 +86,8 @@ class Buffers:
             dist.all_reduce(self.inp, group=group)
         elif self.op == "broadcast":
             dist.broadcast(self.inp, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+        elif self.op == "reduce":
+            dist.reduce(self.inp, dst=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
         elif self.op == "allgather":
             dist.all_gather_into_tensor(self.out, self.inp, group=group)
         elif self.op == "reduce_scatter":
@@ -95,8 +100,10 @@ class Buffers:
     def expected(self, lo: int, hi: int) -> torch.Tensor:
         """Elements lo:hi of this rank's expected output, float64."""
         n, r = self.world, self.rank
-        if self.op == "allreduce":
+        if self.op == "allreduce" or (self.op == "reduce" and r == 0):
             return sum(self.values(q, lo, hi) for q in range(n))
+        if self.op == "reduce":  # not the root: not checked (check() skips it)
+            return self.out[lo:hi].double()
         if self.op == "broadcast":
             return self.values(0, lo, hi)
         if self.op == "allgather":  # output element j comes from rank j // shard
@@ -124,8 +131,9 @@ class Buffers:
         return 4 * self.world * torch.finfo(self.dtype).eps
 
     def prepare_timing(self) -> None:
-        """Timed runs reuse the buffers; an in-place allreduce would grow the values, so it runs on zeros."""
-        if self.op == "allreduce":
+        """Timed runs reuse the buffers; an in-place allreduce or reduce would grow the values, so they run on
+        zeros."""
+        if self.op in ("allreduce", "reduce"):
             self.inp.zero_()
         else:
             self.fill_input()

@@ -6,8 +6,8 @@
 Each item is ``BACKEND[:KEY=VALUE]...``: upper-case keys are environment variables of the ranks, lower-case
 ones are options of the series (``label``, ``rtol``: the tolerance of its correctness check).
 
-The engine reads its MCCL_* variables once per process, so series with different variables cannot share
-processes: `launch_groups` splits them into separate launches of the ranks. Gloo is unaffected by MCCL_*
+A process group reads its MCCL_* variables when it is made, and the ranks of a launch make one, so series
+with different variables cannot share processes: `launch_groups` splits them into separate launches of the ranks. Gloo is unaffected by MCCL_*
 variables, so it joins the launch of the first mccl series with no variables of its own, where it is
 interleaved with mccl repetition by repetition. An mpi4py series is always a launch of its own (by mpirun).
 """

@@ -7,6 +7,7 @@
 #include <deque>
 #include <memory>
 
+#include "algorithms/select.h"
 #include "entropy.h"
 #include "error.h"
 #include "handshake.h"
@@ -227,7 +228,7 @@ class Acceptor {
 
 LaneSpec lane_spec(const Config& config) {
   return LaneSpec{0, config.nsocks, static_cast<uint32_t>(config.chunk_bytes), config.rd_max_bytes,
-                  static_cast<uint8_t>(config.algo)};
+                  static_cast<uint8_t>(config.algo), selection_digest(config)};
 }
 
 std::string agree_on_secret(Store& store, int rank, const Config& config) {

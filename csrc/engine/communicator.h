@@ -50,6 +50,8 @@ class Communicator {
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
   const std::string& listen_address() const { return listen_address_; }
+  // The settings this communicator was made with (fixed for its lifetime).
+  const Config& config() const { return config_; }
 
   // Buffers must stay valid until the Work completes. Counts are elements of dtype.
   WorkPtr allreduce(void* buf, size_t count, DataType dtype, ReduceOp op, Callback done = nullptr);

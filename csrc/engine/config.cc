@@ -8,46 +8,99 @@
 #include <string>
 
 #include "error.h"
+#include "log.h"
 
 namespace mccl {
 namespace {
 
-const char* env(const char* name) {
-  const char* value = std::getenv(name);
-  return (value != nullptr && value[0] != '\0') ? value : nullptr;
-}
+// Every variable from_env reads: a backend option naming anything else is a typo.
+const char* const kVariables[] = {
+    "MCCL_SOCKET_IFNAME", "MCCL_PORT_RANGE", "MCCL_ALGO", "MCCL_RD_MAX_BYTES", "MCCL_BROADCAST_ALGO",
+    "MCCL_BROADCAST_TREE_MAX_BYTES", "MCCL_REDUCE_ALGO", "MCCL_REDUCE_TREE_MAX_BYTES", "MCCL_ALLGATHER_ALGO",
+    "MCCL_ALLGATHER_BRUCK_MAX_BYTES", "MCCL_REDUCE_SCATTER_ALGO", "MCCL_REDUCE_SCATTER_RD_MAX_BYTES",
+    "MCCL_CHUNK_BYTES", "MCCL_NSOCKS", "MCCL_RING_LOOKAHEAD_BYTES", "MCCL_SOCKET_BUFFER_BYTES",
+    "MCCL_MAX_MESSAGE_BYTES", "MCCL_WIRE_DTYPE", "MCCL_SPIN_US", "MCCL_SEND_THREAD_BYTES", "MCCL_DEBUG",
+    "MCCL_AUTH_SECRET", "MCCL_AUTH_SECRET_FILE", "MCCL_HEARTBEAT_INTERVAL", "MCCL_HEARTBEAT_TIMEOUT",
+};
 
-uint64_t env_bytes(const char* name, uint64_t fallback, uint64_t min_value) {
-  const char* value = env(name);
-  if (value == nullptr) return fallback;
-  char* end = nullptr;
-  unsigned long long parsed = std::strtoull(value, &end, 10);
-  std::string suffix = end ? end : "";
-  uint64_t scale = 1;
-  if (suffix == "K" || suffix == "k" || suffix == "KiB") scale = 1024;
-  else if (suffix == "M" || suffix == "m" || suffix == "MiB") scale = 1024 * 1024;
-  else if (suffix == "G" || suffix == "g" || suffix == "GiB") scale = 1024ull * 1024 * 1024;
-  else if (!suffix.empty() || end == value)
-    fail(Error::Kind::kInvalidArgument, name, "='", value, "' is not a byte count (examples: 65536, 64K, 4M)");
-  uint64_t bytes = parsed * scale;
-  if (bytes < min_value) fail(Error::Kind::kInvalidArgument, name, "='", value, "' is below the minimum of ", min_value);
-  return bytes;
-}
+// Where values come from: the group's settings first, then the environment. Empty means unset.
+class Reader {
+ public:
+  explicit Reader(const Settings& given) : given_(given) {
+    for (const auto& setting : given_) {
+      const std::string& name = setting.first;
+      if (std::find_if(std::begin(kVariables), std::end(kVariables),
+                       [&](const char* v) { return name == v; }) == std::end(kVariables))
+        fail(Error::Kind::kInvalidArgument, "unknown MCCL setting '", name, "' (the settings are the MCCL_* "
+             "variables, e.g. MCCL_SPIN_US; see docs/settings.md)");
+    }
+  }
 
-// Seconds, fractions allowed ("2", "0.5"); returned in milliseconds.
-std::chrono::milliseconds env_seconds(const char* name, std::chrono::milliseconds fallback) {
-  const char* value = env(name);
-  if (value == nullptr) return fallback;
-  char* end = nullptr;
-  double seconds = std::strtod(value, &end);
-  if (end == value || *end != '\0' || !std::isfinite(seconds) || seconds < 0 || seconds > 1e6)
-    fail(Error::Kind::kInvalidArgument, name, "='", value, "' is not a number of seconds (examples: 30, 0.5)");
-  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
-}
+  const char* get(const char* name) const {
+    auto it = given_.find(name);
+    const char* value = it != given_.end() ? it->second.c_str() : std::getenv(name);
+    return (value != nullptr && value[0] != '\0') ? value : nullptr;
+  }
+
+  uint64_t bytes(const char* name, uint64_t fallback, uint64_t min_value) const {
+    const char* value = get(name);
+    if (value == nullptr) return fallback;
+    char* end = nullptr;
+    unsigned long long parsed = std::strtoull(value, &end, 10);
+    std::string suffix = end ? end : "";
+    uint64_t scale = 1;
+    if (suffix == "K" || suffix == "k" || suffix == "KiB") scale = 1024;
+    else if (suffix == "M" || suffix == "m" || suffix == "MiB") scale = 1024 * 1024;
+    else if (suffix == "G" || suffix == "g" || suffix == "GiB") scale = 1024ull * 1024 * 1024;
+    else if (!suffix.empty() || end == value || value[0] == '-')
+      fail(Error::Kind::kInvalidArgument, name, "='", value, "' is not a byte count (examples: 65536, 64K, 4M)");
+    uint64_t bytes = parsed * scale;
+    if (bytes < min_value) fail(Error::Kind::kInvalidArgument, name, "='", value, "' is below the minimum of ", min_value);
+    return bytes;
+  }
+
+  // A plain number in [min_value, max_value]: no byte suffix (MCCL_NSOCKS=2K is a mistake, not 2048).
+  uint64_t count(const char* name, uint64_t fallback, uint64_t min_value, uint64_t max_value) const {
+    const char* value = get(name);
+    if (value == nullptr) return fallback;
+    const std::string text = value;
+    if (text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos)
+      fail(Error::Kind::kInvalidArgument, name, "='", text, "' is not a whole number (it counts, so it takes no "
+           "unit or K/M/G suffix; example: ", name, "=", fallback, ")");
+    const uint64_t n = std::stoull(text);
+    if (n < min_value || n > max_value)
+      fail(Error::Kind::kInvalidArgument, name, "=", n, " is outside ", min_value, "-", max_value);
+    return n;
+  }
+
+  // Seconds, fractions allowed ("2", "0.5"); returned in milliseconds.
+  std::chrono::milliseconds seconds(const char* name, std::chrono::milliseconds fallback) const {
+    const char* value = get(name);
+    if (value == nullptr) return fallback;
+    char* end = nullptr;
+    double seconds = std::strtod(value, &end);
+    if (end == value || *end != '\0' || !std::isfinite(seconds) || seconds < 0 || seconds > 1e6)
+      fail(Error::Kind::kInvalidArgument, name, "='", value, "' is not a number of seconds (examples: 30, 0.5)");
+    return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
+  }
+
+  // One of `choices` (name, value pairs); `fallback` when unset.
+  template <typename T, size_t N>
+  T choice(const char* name, T fallback, const std::pair<const char*, T> (&choices)[N], const char* listed) const {
+    const char* value = get(name);
+    if (value == nullptr) return fallback;
+    for (const auto& [text, v] : choices)
+      if (std::string(value) == text) return v;
+    fail(Error::Kind::kInvalidArgument, name, "='", value, "' is not one of ", listed);
+  }
+
+ private:
+  const Settings& given_;
+};
 
 // "LOW-HIGH", 1 <= LOW <= HIGH <= 65535.
-void read_port_range(Config& c) {
-  const char* value = env("MCCL_PORT_RANGE");
+void read_port_range(const Reader& in, Config& c) {
+  const char* value = in.get("MCCL_PORT_RANGE");
   if (value == nullptr) return;
   const std::string text = value;
   const auto dash = text.find('-');
@@ -72,9 +125,9 @@ std::string strip_trailing_space(std::string text) {
   return text;
 }
 
-void read_auth_secret(Config& c) {
-  const char* inline_secret = env("MCCL_AUTH_SECRET");
-  const char* path = env("MCCL_AUTH_SECRET_FILE");
+void read_auth_secret(const Reader& in, Config& c) {
+  const char* inline_secret = in.get("MCCL_AUTH_SECRET");
+  const char* path = in.get("MCCL_AUTH_SECRET_FILE");
   if (inline_secret && path)
     fail(Error::Kind::kInvalidArgument, "both MCCL_AUTH_SECRET and MCCL_AUTH_SECRET_FILE are set: set only one");
   if (inline_secret) {
@@ -95,52 +148,51 @@ void read_auth_secret(Config& c) {
          " bytes; use at least ", kMinSecretBytes, " random characters (e.g. the output of `openssl rand -hex 32`)");
 }
 
+using A = AlgoChoice;
+constexpr std::pair<const char*, A> kAllreduceAlgos[] = {
+    {"auto", A::kAuto}, {"ring", A::kRing}, {"rd", A::kRecursiveDoubling}, {"recursive_doubling", A::kRecursiveDoubling}};
+constexpr std::pair<const char*, A> kRootedAlgos[] = {{"auto", A::kAuto}, {"tree", A::kTree}, {"ring", A::kRing}};
+constexpr std::pair<const char*, A> kAllgatherAlgos[] = {{"auto", A::kAuto}, {"ring", A::kRing}, {"bruck", A::kBruck}};
+constexpr std::pair<const char*, DataType> kWireTypes[] = {
+    {"off", DataType::kFloat32},     {"none", DataType::kFloat32},     {"float32", DataType::kFloat32},
+    {"fp32", DataType::kFloat32},    {"bf16", DataType::kBFloat16},    {"bfloat16", DataType::kBFloat16},
+    {"fp16", DataType::kFloat16},    {"float16", DataType::kFloat16},  {"half", DataType::kFloat16}};
+
 }  // namespace
 
-Config Config::from_env() {
+Config Config::from_env(const Settings& given) {
+  const Reader in(given);
   Config c;
-  if (const char* v = env("MCCL_SOCKET_IFNAME")) c.socket_ifname = v;
-  read_port_range(c);
-  if (const char* v = env("MCCL_ALGO")) {
-    std::string algo = v;
-    if (algo == "auto") c.algo = AlgoChoice::kAuto;
-    else if (algo == "ring") c.algo = AlgoChoice::kRing;
-    else if (algo == "rd" || algo == "recursive_doubling") c.algo = AlgoChoice::kRecursiveDoubling;
-    else fail(Error::Kind::kInvalidArgument, "MCCL_ALGO='", algo, "' is not one of auto, ring, rd");
-  }
-  c.rd_max_bytes = env_bytes("MCCL_RD_MAX_BYTES", c.rd_max_bytes, 0);
-  c.chunk_bytes = env_bytes("MCCL_CHUNK_BYTES", c.chunk_bytes, 8);
+  if (const char* v = in.get("MCCL_SOCKET_IFNAME")) c.socket_ifname = v;
+  read_port_range(in, c);
+  c.algo = in.choice("MCCL_ALGO", c.algo, kAllreduceAlgos, "auto, ring, rd");
+  c.rd_max_bytes = in.bytes("MCCL_RD_MAX_BYTES", c.rd_max_bytes, 0);
+  c.broadcast_algo = in.choice("MCCL_BROADCAST_ALGO", c.broadcast_algo, kRootedAlgos, "auto, tree, ring");
+  c.broadcast_tree_max_bytes = in.bytes("MCCL_BROADCAST_TREE_MAX_BYTES", c.broadcast_tree_max_bytes, 0);
+  c.reduce_algo = in.choice("MCCL_REDUCE_ALGO", c.reduce_algo, kRootedAlgos, "auto, tree, ring");
+  c.reduce_tree_max_bytes = in.bytes("MCCL_REDUCE_TREE_MAX_BYTES", c.reduce_tree_max_bytes, 0);
+  c.allgather_algo = in.choice("MCCL_ALLGATHER_ALGO", c.allgather_algo, kAllgatherAlgos, "auto, ring, bruck");
+  c.allgather_bruck_max_bytes = in.bytes("MCCL_ALLGATHER_BRUCK_MAX_BYTES", c.allgather_bruck_max_bytes, 0);
+  c.reduce_scatter_algo = in.choice("MCCL_REDUCE_SCATTER_ALGO", c.reduce_scatter_algo, kAllreduceAlgos, "auto, ring, rd");
+  c.reduce_scatter_rd_max_bytes = in.bytes("MCCL_REDUCE_SCATTER_RD_MAX_BYTES", c.reduce_scatter_rd_max_bytes, 0);
+  c.chunk_bytes = in.bytes("MCCL_CHUNK_BYTES", c.chunk_bytes, 8);
   if (c.chunk_bytes > (size_t(1) << 30))
     fail(Error::Kind::kInvalidArgument, "MCCL_CHUNK_BYTES=", c.chunk_bytes, " is larger than 1 GiB");
-  const uint64_t nsocks = env_bytes("MCCL_NSOCKS", static_cast<uint64_t>(c.nsocks), 1);
-  if (nsocks > 16) fail(Error::Kind::kInvalidArgument, "MCCL_NSOCKS=", nsocks, " is more than 16");
-  c.nsocks = static_cast<int>(nsocks);
-  c.ring_lookahead_bytes = env_bytes("MCCL_RING_LOOKAHEAD_BYTES", c.ring_lookahead_bytes, 0);
-  c.socket_buffer_bytes = env_bytes("MCCL_SOCKET_BUFFER_BYTES", c.socket_buffer_bytes, 0);
-  c.max_message_bytes = env_bytes("MCCL_MAX_MESSAGE_BYTES", c.max_message_bytes, 1024);
-  if (const char* v = env("MCCL_WIRE_DTYPE")) {
-    std::string wire = v;
-    if (wire == "off" || wire == "none" || wire == "float32" || wire == "fp32") c.wire_dtype = DataType::kFloat32;
-    else if (wire == "bf16" || wire == "bfloat16") c.wire_dtype = DataType::kBFloat16;
-    else if (wire == "fp16" || wire == "float16" || wire == "half") c.wire_dtype = DataType::kFloat16;
-    else fail(Error::Kind::kInvalidArgument, "MCCL_WIRE_DTYPE='", wire, "' is not one of off, bf16, fp16");
-  }
-  c.spin_us = static_cast<uint32_t>(env_bytes("MCCL_SPIN_US", c.spin_us, 0));
-  if (const char* v = env("MCCL_SEND_THREAD_BYTES"); v && std::string(v) != "auto") {
-    c.send_thread_bytes = env_bytes("MCCL_SEND_THREAD_BYTES", c.send_thread_bytes, 0);
+  c.nsocks = static_cast<int>(in.count("MCCL_NSOCKS", static_cast<uint64_t>(c.nsocks), 1, 16));
+  c.ring_lookahead_bytes = in.bytes("MCCL_RING_LOOKAHEAD_BYTES", c.ring_lookahead_bytes, 0);
+  c.socket_buffer_bytes = in.bytes("MCCL_SOCKET_BUFFER_BYTES", c.socket_buffer_bytes, 0);
+  c.max_message_bytes = in.bytes("MCCL_MAX_MESSAGE_BYTES", c.max_message_bytes, 1024);
+  c.wire_dtype = in.choice("MCCL_WIRE_DTYPE", c.wire_dtype, kWireTypes, "off, bf16, fp16");
+  c.spin_us = static_cast<uint32_t>(in.count("MCCL_SPIN_US", c.spin_us, 0, 10'000'000));
+  if (const char* v = in.get("MCCL_SEND_THREAD_BYTES"); v && std::string(v) != "auto") {
+    c.send_thread_bytes = in.bytes("MCCL_SEND_THREAD_BYTES", c.send_thread_bytes, 0);
     c.send_thread_auto = false;
   }
-  if (const char* v = env("MCCL_DEBUG")) {
-    std::string level = v;
-    if (level == "ERROR" || level == "0") c.debug_level = 0;
-    else if (level == "WARN" || level == "1") c.debug_level = 1;
-    else if (level == "INFO" || level == "2") c.debug_level = 2;
-    else if (level == "TRACE" || level == "3") c.debug_level = 3;
-    else fail(Error::Kind::kInvalidArgument, "MCCL_DEBUG='", level, "' is not one of ERROR, WARN, INFO, TRACE (or 0-3)");
-  }
-  read_auth_secret(c);
-  c.heartbeat_interval = env_seconds("MCCL_HEARTBEAT_INTERVAL", c.heartbeat_interval);
-  c.heartbeat_timeout = env_seconds("MCCL_HEARTBEAT_TIMEOUT", c.heartbeat_timeout);
+  if (const char* v = in.get("MCCL_DEBUG"); v && parse_log_level(v) < 0)
+    fail(Error::Kind::kInvalidArgument, "MCCL_DEBUG='", v, "' is not one of ERROR, WARN, INFO, TRACE (or 0-3)");
+  read_auth_secret(in, c);
+  c.heartbeat_interval = in.seconds("MCCL_HEARTBEAT_INTERVAL", c.heartbeat_interval);
+  c.heartbeat_timeout = in.seconds("MCCL_HEARTBEAT_TIMEOUT", c.heartbeat_timeout);
   if (c.heartbeat_interval.count() <= 0)
     fail(Error::Kind::kInvalidArgument, "MCCL_HEARTBEAT_INTERVAL must be positive (to disable heartbeats set "
          "MCCL_HEARTBEAT_TIMEOUT=0)");

@@ -1,17 +1,24 @@
-// Every MCCL_* tunable, declared once with its default. Read from the environment in config.cc only;
-// the README's table documents the same names and defaults.
+// Every MCCL_* tunable, declared once with its default. Read in config.cc only, when a communicator is
+// made: from the settings its process group was given (backend options), else the environment
+// (docs/settings.md). The README's table documents the same names and defaults.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "dtype.h"
 
 namespace mccl {
 
-enum class AlgoChoice { kAuto, kRing, kRecursiveDoubling };
+// A collective's algorithm (algorithms/select.h); the numbers travel in the handshake (MCCL_ALGO).
+enum class AlgoChoice : uint8_t { kAuto = 0, kRing = 1, kRecursiveDoubling = 2, kTree = 3, kBruck = 4 };
+
+// Settings given to one process group, by variable name ("MCCL_SPIN_US" -> "0"); they take the place of
+// the environment's values.
+using Settings = std::map<std::string, std::string>;
 
 struct Config {
   // MCCL_SOCKET_IFNAME: network interface whose IPv4/IPv6 address this rank listens on (like GLOO_SOCKET_IFNAME).
@@ -22,12 +29,24 @@ struct Config {
   // ephemeral port the OS picks.
   uint16_t port_min = 0;
   uint16_t port_max = 0;
-  // MCCL_ALGO: auto | ring | rd (recursive doubling). Forces the allreduce algorithm.
+  // Algorithm selection (algorithms/select.h): per collective, a forcing variable (auto, the default,
+  // follows the table in algorithms/select.cc) and the size up to which auto runs the latency-optimal
+  // algorithm (0, the default: the table's entry for the world size).
+  // MCCL_ALGO: auto | ring | rd (recursive doubling), and MCCL_RD_MAX_BYTES: allreduce.
   AlgoChoice algo = AlgoChoice::kAuto;
-  // MCCL_RD_MAX_BYTES: in auto mode, allreduces up to this size use recursive doubling, larger ones the ring;
-  // broadcast/reduce up to it use binomial trees. 0 (default): allreduce by world size from the measured
-  // table (rd_max_bytes_for in algorithms/allreduce.cc), broadcast/reduce up to 64 KiB.
   size_t rd_max_bytes = 0;
+  // MCCL_BROADCAST_ALGO: auto | tree (binomial) | ring (scatter, then ring all-gather); MCCL_BROADCAST_TREE_MAX_BYTES.
+  AlgoChoice broadcast_algo = AlgoChoice::kAuto;
+  size_t broadcast_tree_max_bytes = 0;
+  // MCCL_REDUCE_ALGO: auto | tree (binomial) | ring (ring reduce-scatter, then gather); MCCL_REDUCE_TREE_MAX_BYTES.
+  AlgoChoice reduce_algo = AlgoChoice::kAuto;
+  size_t reduce_tree_max_bytes = 0;
+  // MCCL_ALLGATHER_ALGO: auto | ring | bruck; MCCL_ALLGATHER_BRUCK_MAX_BYTES (the gathered size).
+  AlgoChoice allgather_algo = AlgoChoice::kAuto;
+  size_t allgather_bruck_max_bytes = 0;
+  // MCCL_REDUCE_SCATTER_ALGO: auto | ring | rd; MCCL_REDUCE_SCATTER_RD_MAX_BYTES (the input size).
+  AlgoChoice reduce_scatter_algo = AlgoChoice::kAuto;
+  size_t reduce_scatter_rd_max_bytes = 0;
   // MCCL_CHUNK_BYTES: pipelining granularity of the ring (each ring step moves its segment in such pieces),
   // in bytes on the wire: a compressed float32 piece holds chunk_bytes / 2 elements.
   size_t chunk_bytes = 512 * 1024;
@@ -59,8 +78,7 @@ struct Config {
   bool send_thread_auto = true;
   // The setting for a rank that shares its host with `local_ranks` ranks (counting itself) and `cpus`.
   size_t send_thread_bytes_for(int local_ranks, unsigned cpus) const;
-  // MCCL_DEBUG: 0 = errors only, 1 = warnings (default), 2 = info (connections), 3 = trace (every collective).
-  int debug_level = 1;
+  // MCCL_DEBUG (log.h) is read by the logger alone, once per process; from_env only checks its value.
   // MCCL_AUTH_SECRET, or the contents of the file MCCL_AUTH_SECRET_FILE (trailing whitespace removed):
   // the secret every connection proves it knows. Empty: rank 0 makes a random one per communicator
   // and hands it out through the Store (which protects against other jobs and blind scanners, not
@@ -74,8 +92,10 @@ struct Config {
   // unreachable) fails the communicator, also between collectives. 0 disables.
   std::chrono::milliseconds heartbeat_timeout{30000};
 
-  static Config from_env();
-  static const Config& global();  // from_env() evaluated once per process
+  // The environment, with `given` (a process group's backend options) in place of the variables it
+  // names. Throws kInvalidArgument naming the variable for a bad value or an unknown name.
+  static Config from_env(const Settings& given = {});
+  static const Config& global();  // from_env() evaluated once per process (engine tests and tools)
 };
 
 }  // namespace mccl

@@ -37,6 +37,7 @@ Handshake::Handshake(HandshakeRole role, const std::string& secret, uint64_t com
   mine_.chunk_bytes = lanes.chunk_bytes;
   mine_.rd_max_bytes = lanes.rd_max_bytes;
   mine_.algo = lanes.algo;
+  for (int i = 0; i < 4; ++i) mine_.selection[i] = static_cast<uint8_t>(lanes.selection >> (8 * i));
   mine_.comm_id = comm_id;
   mine_.rank = static_cast<uint32_t>(rank);
   mine_.world_size = static_cast<uint32_t>(world_size);
@@ -142,6 +143,10 @@ void Handshake::on_hello() {
   if (theirs_.algo != mine_.algo)
     return fail(std::string("it has MCCL_ALGO=") + algo_name(theirs_.algo) + ", this rank " + algo_name(mine_.algo) +
                 ": set the same value on every host");
+  if (std::memcmp(theirs_.selection, mine_.selection, sizeof mine_.selection) != 0)
+    return fail("it has other algorithm settings (MCCL_BROADCAST_ALGO, MCCL_REDUCE_ALGO, MCCL_ALLGATHER_ALGO, "
+                "MCCL_REDUCE_SCATTER_ALGO or their *_MAX_BYTES thresholds) than this rank: set the same values on "
+                "every host");
   if (theirs_.lane >= theirs_.nsocks) return fail("its lane " + std::to_string(theirs_.lane) + " is out of range");
   if (role_ == HandshakeRole::kConnector && theirs_.lane != mine_.lane)
     return fail("it answered for lane " + std::to_string(theirs_.lane) + ", not " + std::to_string(mine_.lane));

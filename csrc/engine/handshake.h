@@ -34,6 +34,7 @@ struct LaneSpec {
   uint32_t chunk_bytes = 0;
   uint64_t rd_max_bytes = 0;
   uint8_t algo = 0;
+  uint32_t selection = 0;  // selection_digest: the other collectives' algorithm settings
 };
 
 class Handshake {

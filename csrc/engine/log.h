@@ -1,17 +1,22 @@
-// Diagnostics go to stderr, never stdout, and only at or below MCCL_DEBUG's level.
+// Diagnostics go to stderr, never stdout, and only at or below MCCL_DEBUG's level. The logger reads that
+// one variable, once per process, and nothing else of the environment.
 #pragma once
 
 #include <cstdio>
 #include <string>
 
-#include "config.h"
 #include "error.h"
 
 namespace mccl {
 
 enum class LogLevel { kError = 0, kWarn = 1, kInfo = 2, kTrace = 3 };
 
-inline bool log_enabled(LogLevel level) { return static_cast<int>(level) <= Config::global().debug_level; }
+// MCCL_DEBUG: ERROR or 0 (errors only), WARN or 1 (the default), INFO or 2 (connections), TRACE or 3
+// (every collective). -1 when `text` is none of these.
+int parse_log_level(const char* text);
+// MCCL_DEBUG's level in this process (WARN when unset or invalid: making a group rejects an invalid one).
+int log_level();
+inline bool log_enabled(LogLevel level) { return static_cast<int>(level) <= log_level(); }
 
 template <typename... Args>
 void log(LogLevel level, Args&&... args) {

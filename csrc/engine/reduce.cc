@@ -1,249 +1,18 @@
-// Reduction kernels: plain counted loops over __restrict pointers, with the element codec and the op as
-// template parameters, so g++ -O3 and clang auto-vectorise them. The (dtype, op) dispatch happens once
-// per call, never inside a loop. Large buffers are split over a small persistent thread pool.
+// Reduction entry points: the (dtype, op) dispatch happens once per call, never inside a loop, onto the
+// kernels of reduce_kernels.h; buffers of 4 MiB or more are split over the pool of reduce_pool.h.
 #include "reduce.h"
 
-#include <unistd.h>  // getpid: a forked child must not wait on its parent's worker threads
-
 #include <algorithm>
-#include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <mutex>
-#include <thread>
 #include <type_traits>
 
-#include "thread_name.h"
-
 #include "error.h"
-
-// Runtime SIMD selection on x86-64 Linux with g++: each kernel gets an AVX2 clone and a baseline clone,
-// chosen once by an ifunc resolver. On arm64 NEON is the baseline: the same loops compile to NEON code
-// (float16 through the hardware conversions, see Half below), checked by `make test-arm64`. Elsewhere
-// (clang on x86) the loops are vectorised for the baseline (SSE2).
-// Not under -fsanitize=thread: g++ instruments the resolver, which runs before TSan is initialised and crashes.
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_THREAD__)
-#define MCCL_TARGET_CLONES __attribute__((target_clones("avx2", "default")))
-#define MCCL_HAVE_TARGET_CLONES 1
-#else
-#define MCCL_TARGET_CLONES
-#define MCCL_HAVE_TARGET_CLONES 0
-#endif
+#include "reduce_kernels.h"
+#include "reduce_pool.h"
 
 namespace mccl {
 namespace {
-
-// ---------------------------------------------------------------------------------------------------
-// Half-precision conversions. All branch-free (selects only) so the loops that use them vectorise.
-
-inline uint32_t f32_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-inline float bits_f32(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-// c ? x : y through a mask (for the software float16 conversion). With a plain ?: g++ (-ftrapping-math)
-// sinks the float arithmetic feeding only one side into a branch, which it then may not if-convert, and
-// the loop stays scalar.
-[[maybe_unused]] inline uint32_t select_bits(bool c, uint32_t x, uint32_t y) {
-  uint32_t mask = 0u - uint32_t(c);
-  return (x & mask) | (y & ~mask);
-}
-
-// bfloat16 -> float32 is exact: a bfloat16 is the top half of a float32.
-inline float bf16_to_f32(uint16_t h) { return bits_f32(uint32_t(h) << 16); }
-
-// float32 -> bfloat16, round to nearest even: add 0x7FFF plus the lowest kept bit, then truncate.
-// A NaN could round into Inf (or wrap), so NaN keeps its top bits with the quiet bit set instead.
-inline uint16_t f32_to_bf16(float f) {
-  uint32_t u = f32_bits(f);
-  uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
-  uint32_t quiet_nan = (u >> 16) | 0x40u;
-  bool is_nan = (u & 0x7FFFFFFFu) > 0x7F800000u;
-  return uint16_t(is_nan ? quiet_nan : rounded);
-}
-
-// arm64 converts float16 in hardware (the Half codec below); elsewhere these two functions do.
-#if defined(__aarch64__) && defined(__ARM_FP16_FORMAT_IEEE)
-#define MCCL_NATIVE_FP16 1
-#else
-#define MCCL_NATIVE_FP16 0
-
-// float16 -> float32 (exact). Normal, Inf and NaN: move exponent+mantissa into float32 position with the
-// exponent offset by 224, so half exponent 31 lands on 255 (Inf/NaN), then rebias by multiplying with
-// 2^-112. Subnormal: put the mantissa m in the low bits of 0.5f (giving 0.5 + m*2^-24) and subtract 0.5.
-inline float fp16_to_f32(uint16_t h) {
-  uint32_t w = uint32_t(h) << 16;
-  uint32_t sign = w & 0x80000000u;
-  uint32_t two_w = w + w;  // sign shifted out; exponent in the top 5 bits
-  float normal = bits_f32((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-  float subnormal = bits_f32((two_w >> 17) | (126u << 23)) - 0.5f;
-  uint32_t magnitude = select_bits(two_w < (1u << 27), f32_bits(subnormal), f32_bits(normal));
-  return bits_f32(sign | magnitude);
-}
-
-// float32 -> float16, round to nearest even. Scaling |f| by 2^112 then 2^-110 turns everything that
-// overflows half into Inf. Adding a power of two ("bias") derived from f's exponent makes the FPU
-// itself round the mantissa to exactly the bits half keeps (10, fewer for subnormals), ties to even;
-// the half exponent and mantissa are then read out of the sum. NaN becomes the quiet NaN 0x7E00.
-inline uint16_t f32_to_fp16(float f) {
-  float base = (std::fabs(f) * 0x1.0p+112f) * 0x1.0p-110f;
-  uint32_t w = f32_bits(f);
-  uint32_t shl1_w = w + w;
-  uint32_t sign = w & 0x80000000u;
-  uint32_t bias = shl1_w & 0xFF000000u;
-  bias = bias < 0x71000000u ? 0x71000000u : bias;  // below half's normal range: fixed subnormal quantum
-  base = bits_f32((bias >> 1) + 0x07800000u) + base;
-  uint32_t bits = f32_bits(base);
-  uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
-  uint32_t mantissa_bits = bits & 0x00000FFFu;
-  uint32_t nonsign = exp_bits + mantissa_bits;  // a mantissa carry bumps the exponent, up to Inf
-  return uint16_t((sign >> 16) | select_bits(shl1_w > 0xFF000000u, 0x7E00u, nonsign));
-}
-#endif
-
-// ---------------------------------------------------------------------------------------------------
-// Codecs: how an element is stored and in which type the op computes.
-
-template <typename T>
-struct Native {
-  using Storage = T;
-  using Compute = T;
-  static T load(T x) { return x; }
-  static T store(T x) { return x; }
-};
-#if MCCL_NATIVE_FP16
-// arm64: the hardware converts (FCVT; in the loops FCVTL/FCVTN on 4 lanes), rounding to nearest even with
-// subnormals kept, so the results equal the code above except for which quiet NaN a NaN becomes.
-struct Half {
-  using Storage = uint16_t;
-  using Compute = float;
-  static float load(uint16_t x) {
-    __fp16 h;
-    std::memcpy(&h, &x, sizeof h);
-    return float(h);
-  }
-  static uint16_t store(float x) {
-    __fp16 h = __fp16(x);
-    uint16_t u;
-    std::memcpy(&u, &h, sizeof u);
-    return u;
-  }
-};
-#else
-struct Half {
-  using Storage = uint16_t;
-  using Compute = float;
-  static float load(uint16_t x) { return fp16_to_f32(x); }
-  static uint16_t store(float x) { return f32_to_fp16(x); }
-};
-#endif
-struct BFloat {
-  using Storage = uint16_t;
-  using Compute = float;
-  static float load(uint16_t x) { return bf16_to_f32(x); }
-  static uint16_t store(float x) { return f32_to_bf16(x); }
-};
-struct Bool {  // bytes; any nonzero input counts as true, outputs are exactly 0 or 1
-  using Storage = uint8_t;
-  using Compute = bool;
-  static bool load(uint8_t x) { return x != 0; }
-  static uint8_t store(bool x) { return uint8_t(x); }
-};
-
-// ---------------------------------------------------------------------------------------------------
-// Ops. Integer SUM/PRODUCT run in the unsigned type so overflow wraps instead of being UB. Float MIN/MAX
-// return a NaN operand if there is one (a bitwise | keeps the select branch-free).
-
-template <typename T>
-using Unsigned =
-    typename std::conditional_t<std::is_integral_v<T>, std::make_unsigned<T>, std::common_type<T>>::type;
-
-template <typename T>
-struct Sum {
-  static T apply(T a, T b) { return T(Unsigned<T>(a) + Unsigned<T>(b)); }
-};
-template <typename T>
-struct Product {
-  static T apply(T a, T b) { return T(Unsigned<T>(a) * Unsigned<T>(b)); }
-};
-template <typename T>
-struct Min {
-  static T apply(T a, T b) { return ((a < b) | (a != a)) ? a : b; }
-};
-template <typename T>
-struct Max {
-  static T apply(T a, T b) { return ((a > b) | (a != a)) ? a : b; }
-};
-template <typename T>
-struct BitAnd {
-  static T apply(T a, T b) { return T(a & b); }
-};
-template <typename T>
-struct BitOr {
-  static T apply(T a, T b) { return T(a | b); }
-};
-template <typename T>
-struct BitXor {
-  static T apply(T a, T b) { return T(a ^ b); }
-};
-
-// ---------------------------------------------------------------------------------------------------
-// Kernels (the only loops over elements).
-
-// out[i] = a[i] OP b[i]; out overlaps neither input (a and b may be equal: they are only read).
-template <class C, class Op>
-MCCL_TARGET_CLONES void kernel3(typename C::Storage* __restrict out, const typename C::Storage* __restrict a,
-                                const typename C::Storage* __restrict b, size_t n) {
-  for (size_t i = 0; i < n; ++i) out[i] = C::store(Op::apply(C::load(a[i]), C::load(b[i])));
-}
-
-// dst[i] = dst[i] OP src[i], or src[i] OP dst[i] when Swap (reduce3 with out == b keeps operand order).
-template <class C, class Op, bool Swap>
-MCCL_TARGET_CLONES void kernel_into(typename C::Storage* __restrict dst,
-                                    const typename C::Storage* __restrict src, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    auto d = C::load(dst[i]);
-    auto s = C::load(src[i]);
-    dst[i] = C::store(Swap ? Op::apply(s, d) : Op::apply(d, s));
-  }
-}
-
-// buf[i] /= divisor: floating types divide in their compute type, integers truncate toward zero.
-template <class C>
-MCCL_TARGET_CLONES void kernel_divide(typename C::Storage* __restrict buf, size_t n, int64_t divisor) {
-  using T = typename C::Compute;
-  if constexpr (std::is_floating_point_v<T>) {
-    const T d = T(divisor);
-    for (size_t i = 0; i < n; ++i) buf[i] = C::store(C::load(buf[i]) / d);
-  } else {
-    for (size_t i = 0; i < n; ++i) buf[i] = T(int64_t(buf[i]) / divisor);
-  }
-}
-
-// Wire compression: float32 to and from a half type (C = Half or BFloat), rounding to nearest even.
-template <class C>
-MCCL_TARGET_CLONES void kernel_narrow(uint16_t* __restrict dst, const float* __restrict src, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] = C::store(src[i]);
-}
-template <class C>
-MCCL_TARGET_CLONES void kernel_widen(float* __restrict dst, const uint16_t* __restrict src, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] = C::load(src[i]);
-}
-template <class C>
-MCCL_TARGET_CLONES void kernel_round_through(float* __restrict buf, size_t n) {
-  for (size_t i = 0; i < n; ++i) buf[i] = C::load(C::store(buf[i]));
-}
-
-// Type-erased entry points, so dispatch and threading work on one function-pointer type.
-using Kernel = void (*)(void* out, const void* a, const void* b, size_t n, int64_t divisor);
 
 template <class C, class Op>
 void erased3(void* out, const void* a, const void* b, size_t n, int64_t) {
@@ -337,124 +106,6 @@ Kernel pick_divide(DataType dtype) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Threading for large buffers.
-
-constexpr size_t kParallelBytes = size_t(4) << 20;  // below this, run inline on the caller
-constexpr size_t kMaxParts = 4;
-
-// One call's work: parts [0, parts) of `count` elements, each `chunk` long (the last may be shorter).
-struct Task {
-  Kernel fn;
-  char* out;
-  const char* a;
-  const char* b;
-  size_t elem;
-  size_t count;
-  size_t chunk;
-  int64_t divisor;
-};
-
-void run_part(const Task& t, size_t part) {
-  size_t begin = part * t.chunk;
-  if (begin >= t.count) return;
-  size_t n = std::min(t.chunk, t.count - begin);
-  size_t off = begin * t.elem;
-  t.fn(t.out + off, t.a ? t.a + off : nullptr, t.b ? t.b + off : nullptr, n, t.divisor);
-}
-
-// Persistent workers blocked on a condition variable. One job at a time: a caller that finds the pool
-// busy (another communicator thread) runs its job inline instead of waiting. The caller does part 0
-// itself; worker i does part i+1. The pool is leaked on purpose, with detached workers, so process exit
-// has nothing to tear down.
-class Pool {
- public:
-  static Pool* instance() {
-    static Pool* pool = new Pool(std::min<size_t>(kMaxParts, std::thread::hardware_concurrency()));
-    return pool;
-  }
-
-  size_t width() const { return workers_ + 1; }
-
-  // Runs task parts [0, parts) (parts <= width()) and returns true, or returns false if busy.
-  bool try_run(const Task& task, size_t parts) {
-    if (getpid() != pid_) return false;  // forked child: the workers did not come along
-    std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
-    if (!busy.owns_lock()) return false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      task_ = &task;
-      parts_ = parts;
-      pending_ = parts - 1;
-      ++generation_;
-    }
-    wake_.notify_all();
-    run_part(task, 0);
-    std::unique_lock<std::mutex> lock(mu_);
-    done_.wait(lock, [&] { return pending_ == 0; });
-    task_ = nullptr;
-    parts_ = 0;
-    return true;
-  }
-
- private:
-  explicit Pool(size_t width) : pid_(getpid()) {
-    size_t started = 0;
-    for (size_t part = 1; part < width; ++part) {
-      try {
-        std::thread([this, part] {
-          set_thread_name("mccl-reduce");
-          worker(part);
-        }).detach();
-        ++started;
-      } catch (const std::exception&) {
-        break;  // could not start a thread: use the ones we have (possibly none: inline)
-      }
-    }
-    workers_ = started;
-  }
-
-  void worker(size_t part) {
-    uint64_t seen = 0;
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      wake_.wait(lock, [&] { return generation_ != seen; });
-      seen = generation_;
-      if (task_ == nullptr || part >= parts_) continue;  // job already over, or not needed for it
-      const Task* task = task_;
-      lock.unlock();
-      run_part(*task, part);
-      lock.lock();
-      if (--pending_ == 0) done_.notify_one();
-    }
-  }
-
-  const pid_t pid_;
-  size_t workers_ = 0;
-  std::mutex busy_;  // held for a whole job
-  std::mutex mu_;    // guards the fields below
-  std::condition_variable wake_, done_;
-  const Task* task_ = nullptr;
-  size_t parts_ = 0;
-  size_t pending_ = 0;
-  uint64_t generation_ = 0;
-};
-
-void launch(Kernel fn, void* out, const void* a, const void* b, size_t count, size_t elem, int64_t divisor) {
-  if (count * elem >= kParallelBytes) {
-    Pool* pool = Pool::instance();
-    size_t parts = pool->width();
-    if (parts > 1) {
-      size_t chunk = (count + parts - 1) / parts;
-      chunk = (chunk + 63) / 64 * 64;  // keep part boundaries vector- and cache-line friendly
-      Task task{fn, static_cast<char*>(out), static_cast<const char*>(a), static_cast<const char*>(b),
-                elem, count, chunk, divisor};
-      if (pool->try_run(task, parts)) return;
-    }
-  }
-  fn(out, a, b, count, divisor);
-}
-
-// ---------------------------------------------------------------------------------------------------
 // Argument checks.
 
 void require_supported(DataType dtype, ReduceOp op) {
@@ -507,7 +158,7 @@ void reduce_into(void* dst, const void* src, size_t count, DataType dtype, Reduc
   size_t elem = check_buffers("reduce_into", count, dtype, dst && src);
   if (dst == src) return reduce_self(pick_reduce(dtype, op, Mode::kInto), dst, count, elem);
   MCCL_CHECK_ARG(!overlaps(dst, src, count * elem), "reduce_into: dst and src overlap partially");
-  launch(pick_reduce(dtype, op, Mode::kInto), dst, src, nullptr, count, elem, 0);
+  run_split(pick_reduce(dtype, op, Mode::kInto), dst, src, nullptr, count, elem, 0);
 }
 
 void reduce3(void* out, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op) {
@@ -518,14 +169,14 @@ void reduce3(void* out, const void* a, const void* b, size_t count, DataType dty
   if (out == a && out == b) return reduce_self(pick_reduce(dtype, op, Mode::kInto), out, count, elem);
   if (out == a) {
     MCCL_CHECK_ARG(!overlaps(out, b, bytes), "reduce3: out and b overlap partially");
-    return launch(pick_reduce(dtype, op, Mode::kInto), out, b, nullptr, count, elem, 0);
+    return run_split(pick_reduce(dtype, op, Mode::kInto), out, b, nullptr, count, elem, 0);
   }
   if (out == b) {
     MCCL_CHECK_ARG(!overlaps(out, a, bytes), "reduce3: out and a overlap partially");
-    return launch(pick_reduce(dtype, op, Mode::kIntoSwapped), out, a, nullptr, count, elem, 0);
+    return run_split(pick_reduce(dtype, op, Mode::kIntoSwapped), out, a, nullptr, count, elem, 0);
   }
   MCCL_CHECK_ARG(!overlaps(out, a, bytes) && !overlaps(out, b, bytes), "reduce3: out overlaps an input");
-  launch(pick_reduce(dtype, op, Mode::kThree), out, a, b, count, elem, 0);
+  run_split(pick_reduce(dtype, op, Mode::kThree), out, a, b, count, elem, 0);
 }
 
 void divide_by(void* buf, size_t count, DataType dtype, int64_t divisor) {
@@ -536,7 +187,7 @@ void divide_by(void* buf, size_t count, DataType dtype, int64_t divisor) {
   if (count == 0 || divisor == 1) return;
   MCCL_CHECK_ARG(buf != nullptr, "divide_by: null buffer for ", count, " elements");
   MCCL_CHECK_ARG(count <= SIZE_MAX / dtype_size(dtype), "divide_by: count ", count, " is too large");
-  launch(k, buf, nullptr, nullptr, count, dtype_size(dtype), divisor);
+  run_split(k, buf, nullptr, nullptr, count, dtype_size(dtype), divisor);
 }
 
 namespace {

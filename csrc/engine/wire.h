@@ -92,7 +92,8 @@ struct Hello {
   uint32_t chunk_bytes = 0;  // MCCL_CHUNK_BYTES
   uint64_t rd_max_bytes = 0;  // MCCL_RD_MAX_BYTES
   uint8_t algo = 0;           // MCCL_ALGO (AlgoChoice)
-  uint8_t reserved[7] = {};
+  uint8_t selection[4] = {};  // selection_digest (algorithms/select.h), little-endian; 0: all defaults
+  uint8_t reserved[3] = {};
 };
 static_assert(sizeof(Hello) == 80, "Hello must stay 80 bytes");
 constexpr size_t kPreambleBytes = 8;  // magic + version + 2 bytes

@@ -92,9 +92,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<lightning_mccl::ProcessGroupMCCL, c10d::Backend,
                    c10::intrusive_ptr<lightning_mccl::ProcessGroupMCCL>>(m, "ProcessGroupMCCL")
       .def(pybind11::init<const c10::intrusive_ptr<c10d::Store>&, int, int, std::chrono::milliseconds,
-                          const std::string&>(),
+                          const std::string&, const mccl::Settings&>(),
            pybind11::arg("store"), pybind11::arg("rank"), pybind11::arg("size"), pybind11::arg("timeout"),
-           pybind11::arg("route_to") = "", pybind11::call_guard<pybind11::gil_scoped_release>())
+           pybind11::arg("route_to") = "", pybind11::arg("settings") = mccl::Settings{},
+           pybind11::call_guard<pybind11::gil_scoped_release>())
       .def_property_readonly("listen_address", &lightning_mccl::ProcessGroupMCCL::listenAddress)
       .def("stats", &stats_dict, "this group's traffic counters (engine stats.h), as a dict");
   m.def("interfaces", &mccl::list_interfaces,

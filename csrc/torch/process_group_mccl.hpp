@@ -2,81 +2,37 @@
 //
 // Tensors reach the engine as contiguous host buffers (staging.hpp: CPU tensors in place where they
 // can be, accelerator tensors copied on a side stream without stalling the caller). Each operation
-// returns a WorkMCCL whose Future holds the output tensors.
-//
-// Latency: a blocking call (dist.all_reduce without async_op) only waits, so WorkMCCL::wait() wakes
-// straight from the engine's completion; the Future of unstaged work is completed only once someone
-// asks for it (getFuture(): DDP's comm hooks, async_op users), which saves a thread hop per call.
-// Asking for it also makes the collective a gate of the engine's completion order (issue_order.h):
-// collectives that its Future's callbacks issue run before the ones issued after it.
+// returns a WorkMCCL (work_mccl.hpp) whose Future holds the output tensors. The operations live in
+// files named for what they hold: process_group_mccl.cpp (the group, broadcast, allreduce, reduce,
+// barrier, point-to-point), gather_scatter.cpp (allgather, reduce-scatter, all-to-all, gather,
+// scatter), coalesced.cpp (the coalesced variants); launch.hpp queues them on the engine.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <c10/core/Stream.h>
 
 #include <chrono>
-#include <functional>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "communicator.h"
+#include "work_mccl.hpp"
 
 namespace lightning_mccl {
 
-class WorkMCCL : public c10d::Work {
- public:
-  WorkMCCL(c10d::OpType type, std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout);
-
-  bool isCompleted() override;
-  bool isSuccess() const override;
-  std::exception_ptr exception() const override;
-  int sourceRank() const override;
-  std::vector<at::Tensor> result() override;
-  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
-  void synchronize() override {}
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
-
-  // Set once by ProcessGroupMCCL, right after the engine operation is queued: the engine handle whose
-  // completion completes this Work. True when the Future must be completed now (the engine finished
-  // first and the Future is wanted): the caller then runs complete_on_pool().
-  bool attach(mccl::WorkPtr engine_work);
-  // Work with staged outputs completes its Future on the completion pool after `copy_back`;
-  // unstaged work completes it lazily (see getFuture).
-  void set_staged(std::function<void()> copy_back, std::optional<c10::Stream> stream);
-  // On the progress thread when the engine operation ends: true when the Future must be completed
-  // now (complete_on_pool()), false when nobody has asked for it yet or attach() has not run.
-  bool engine_finished(std::exception_ptr error);
-  // The completion: copy back, then the Future (its callbacks run inline, in a CompletionScope, so
-  // that collectives they issue keep the engine's order), then the engine hears it has returned.
-  void complete_on_pool(c10::intrusive_ptr<WorkMCCL> self);
-
- private:
-  std::vector<at::Tensor> outputs_;
-  std::chrono::milliseconds timeout_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-  void complete(std::exception_ptr error);
-
-  mccl::WorkPtr engine_work_;
-  std::function<void()> copy_back_;
-  std::optional<c10::Stream> completion_stream_;  // accelerator outputs: the staging stream
-  mutable std::mutex mu_;        // the flags below, engine_error_, engine_work_
-  bool staged_ = false;
-  bool future_wanted_ = false;   // the Future is completed as soon as the engine is done
-  bool future_requested_ = false;  // getFuture() has been called
-  bool attached_ = false;
-  bool engine_done_ = false;
-  std::exception_ptr engine_error_;  // already translated to a torch exception
-};
+struct Staged;  // staging.hpp
+using Staging = std::shared_ptr<std::vector<Staged>>;
 
 class ProcessGroupMCCL : public c10d::Backend {
  public:
+  // `settings`: the group's backend options (variable name -> value, docs/settings.md), which take the
+  // place of the environment's values. The group reads its settings here, once: nothing changes them
+  // later, and a variable set afterwards applies to the groups made after that.
   ProcessGroupMCCL(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                   std::chrono::milliseconds timeout, const std::string& route_to);
+                   std::chrono::milliseconds timeout, const std::string& route_to,
+                   const mccl::Settings& settings = {});
   ~ProcessGroupMCCL() override;
 
   const std::string getBackendName() const override { return "mccl"; }
@@ -134,6 +90,11 @@ class ProcessGroupMCCL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
  private:
+  // Queues one engine operation (`start(done)`) for a new WorkMCCL (launch.hpp).
+  template <typename Start>
+  c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs, Staging staging,
+                                        Start&& start);
+
   std::unique_ptr<mccl::Communicator> comm_;
 };
 

@@ -3,6 +3,7 @@
 Importing this package registers the backend, so ``dist.init_process_group("mccl")`` works.
 """
 from ._backend import ProcessGroupMCCL, is_registered, register
+from .options import Options
 
 register()
 
@@ -17,5 +18,5 @@ except Exception as _e:  # noqa: BLE001 - a broken Lightning must never break th
 
 from .stats import stats
 
-__all__ = ["ProcessGroupMCCL", "is_registered", "register", "stats"]
+__all__ = ["Options", "ProcessGroupMCCL", "is_registered", "register", "stats"]
 __version__ = "0.1.0"

@@ -7,6 +7,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from . import _C
+from .options import settings_of
 
 ProcessGroupMCCL = _C.ProcessGroupMCCL
 
@@ -26,24 +27,27 @@ def _store_host(store) -> str:
     return ""
 
 
-_engine_wire: "str | None" = None  # MCCL_WIRE_DTYPE when this process's first group started
+_engine_wire: "str | None" = None  # MCCL_WIRE_DTYPE of this process's first mccl group
 
 
 def engine_wire_dtype():
-    """MCCL_WIRE_DTYPE as the engine read it (once per process, at its first group), or None before that."""
+    """MCCL_WIRE_DTYPE of this process's first mccl group (its options, else the environment then), or None
+    before that. Each group reads its own settings when it is made (options.py)."""
     return _engine_wire
 
 
 def _create_backend(opts, backend_options=None):
-    """torch's extended-API creator: one ProcessGroupMCCL per process group and device."""
+    """torch's extended-API creator: one ProcessGroupMCCL per process group and device. `backend_options`
+    is the pg_options of init_process_group / new_group: lightning_mccl.Options or a dict (options.py)."""
     global _engine_wire
+    settings = settings_of(backend_options)
     if _engine_wire is None:
-        _engine_wire = os.environ.get("MCCL_WIRE_DTYPE", "off")
+        _engine_wire = settings.get("MCCL_WIRE_DTYPE", os.environ.get("MCCL_WIRE_DTYPE", "off"))
     timeout = opts.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
     route_to = os.environ.get("MASTER_ADDR") or _store_host(opts.store)
-    return ProcessGroupMCCL(opts.store, opts.group_rank, opts.group_size, timeout, route_to)
+    return ProcessGroupMCCL(opts.store, opts.group_rank, opts.group_size, timeout, route_to, settings)
 
 
 def is_registered() -> bool:

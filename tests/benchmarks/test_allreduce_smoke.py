@@ -20,7 +20,7 @@ def test_sweep_writes_csv_markdown_and_plot(tmp_path):
     for col in ("op", "size_bytes", "series", "backend", "world", "iters", "time_median_s", "time_min_s",
                 "time_max_s", "algbw_gbps", "busbw_gbps", "speedup_vs_gloo", "max_rel_err", "correct"):
         assert col in rows[0], col
-    ops = ["allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall"]
+    ops = ["allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall"]
     seen = {(r["op"], int(r["size_bytes"]), r["series"]) for r in rows}
     assert seen == {(op, s, b) for op in ops for s in SIZES for b in ("mccl", "gloo")}, seen
     for r in rows:
@@ -30,7 +30,7 @@ def test_sweep_writes_csv_markdown_and_plot(tmp_path):
         assert 0 < t_min <= t_med <= t_max, r
         algbw = int(r["size_bytes"]) / t_med / 1e9
         assert abs(float(r["algbw_gbps"]) - algbw) <= 1e-9 * max(1.0, algbw)
-        factor = {"allreduce": 1.0, "broadcast": 1.0}.get(r["op"], 0.5)  # 2(n-1)/n, 1, (n-1)/n at n = 2
+        factor = {"allreduce": 1.0, "broadcast": 1.0, "reduce": 1.0}.get(r["op"], 0.5)  # 2(n-1)/n, 1, (n-1)/n at n = 2
         assert abs(float(r["busbw_gbps"]) - algbw * factor) <= 1e-9 * max(1.0, algbw)
         assert (r["speedup_vs_gloo"] == "") == (r["series"] == "gloo")
     md = (out / "results.md").read_text()

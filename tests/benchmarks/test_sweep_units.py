@@ -15,7 +15,7 @@ def test_series_parsing_and_launch_groups():
     s = parse_series("mccl,mccl:MCCL_ALGO=ring:rtol=1e-3,gloo", {"OMP_NUM_THREADS": "1"})
     assert [x.label for x in s] == ["mccl", "mccl[MCCL_ALGO=ring]", "gloo"]
     assert s[1].env_dict == {"MCCL_ALGO": "ring", "OMP_NUM_THREADS": "1"} and s[1].rtol == 1e-3
-    # the engine reads MCCL_* once per process: a series with its own MCCL_* variables needs its own launch;
+    # a launch's group reads MCCL_* when it is made: a series with its own MCCL_* variables needs its own launch;
     # Gloo ignores them and shares the launch of plain mccl
     assert [[x.label for x in g] for g in launch_groups(s)] == [["mccl", "gloo"], ["mccl[MCCL_ALGO=ring]"]]
     assert parse_series("gloo,mccl:MCCL_X=1:label=x")[1].label == "x"
@@ -52,6 +52,8 @@ def _fake_result(b: Buffers) -> None:
         want = sum(full)
     elif b.op == "broadcast":
         want = full[0]
+    elif b.op == "reduce":  # checked on the root (rank 0) only
+        want = sum(full) if r == 0 else b.out.double()
     elif b.op == "allgather":
         want = torch.cat([full[q][q * c:(q + 1) * c] for q in range(n)])
     elif b.op == "reduce_scatter":
@@ -63,7 +65,7 @@ def _fake_result(b: Buffers) -> None:
 
 @pytest.mark.parametrize("op", list(OPS))
 def test_check_accepts_right_and_rejects_wrong_results(op):
-    world, rank = 3, 1
+    world, rank = 3, 0 if op == "reduce" else 1
     count = element_count(op, 3000 * 4 + 4, world, 4)
     assert count % world == 0 or not OPS[op].sharded
     b = Buffers(op, count, rank, world, torch.float32)

@@ -219,8 +219,9 @@ TEST(handshake_names_both_protocol_versions) {
             "%s", connector.error().c_str());
 }
 
-// MCCL_NSOCKS, MCCL_CHUNK_BYTES, MCCL_ALGO and MCCL_RD_MAX_BYTES decide which frames travel on which
-// connection: ranks that differ are told so when they connect, naming the variable.
+// MCCL_NSOCKS, MCCL_CHUNK_BYTES, MCCL_ALGO, MCCL_RD_MAX_BYTES and the other collectives' algorithm settings
+// (their digest) decide which frames travel on which connection: ranks that differ are told so when they
+// connect, naming the variables.
 TEST(handshake_rejects_peers_with_other_frame_settings) {
   const std::string secret = "0123456789abcdef-the-job-secret";
   struct Case {
@@ -230,6 +231,7 @@ TEST(handshake_rejects_peers_with_other_frame_settings) {
                {{0, 2, 65536, 0, 0}, {0, 2, 524288, 0, 0}, "MCCL_CHUNK_BYTES=65536"},
                {{0, 1, 524288, 0, 1}, {0, 1, 524288, 0, 0}, "MCCL_ALGO=ring"},
                {{0, 1, 524288, 4096, 0}, {0, 1, 524288, 0, 0}, "MCCL_RD_MAX_BYTES=4096"},
+               {{0, 1, 524288, 0, 0, 0x1234}, {0, 1, 524288, 0, 0, 0}, "other algorithm settings (MCCL_BROADCAST_ALGO"},
                {{3, 2, 524288, 0, 0}, {0, 2, 524288, 0, 0}, "lane 3 is out of range"}};
   for (const Case& c : cases) {
     Handshake connector(HandshakeRole::kConnector, secret, 42, 1, 2, 0, kNonceC, c.connector);

@@ -184,8 +184,8 @@ TEST(allreduce_all_algorithms) {
 
 TEST(broadcast_reduce_every_root) {
   Config config = small_chunks();
-  for (size_t threshold : {size_t(1), size_t(1) << 20}) {  // large path (ring) and small path (trees)
-    config.rd_max_bytes = threshold;
+  for (AlgoChoice algo : {AlgoChoice::kRing, AlgoChoice::kTree}) {  // large path (ring) and small path (trees)
+    config.broadcast_algo = config.reduce_algo = algo;
     for (int world : kWorlds) {
       auto errors = run_world(world, [&](int rank, Communicator& comm) {
         for (int root = 0; root < world; ++root) {
@@ -212,71 +212,82 @@ TEST(broadcast_reduce_every_root) {
   }
 }
 
+// All-gather and reduce-scatter run with each of their algorithms: the ring, and the latency-optimal
+// Bruck all-gather and recursive-doubling reduce-scatter (on every world size, powers of two and not).
 TEST(allgather_reduce_scatter_gather_scatter_alltoall) {
   Config config = small_chunks();
-  for (int world : kWorlds) {
-    auto errors = run_world(world, [&](int rank, Communicator& comm) {
-      for (size_t count : {size_t(0), size_t(1), size_t(5), size_t(333)}) {
-        // allgather into separate buffers
-        std::vector<int32_t> in(count);
-        for (size_t i = 0; i < count; ++i) in[i] = rank * 1000 + static_cast<int32_t>(i);
-        std::vector<std::vector<int32_t>> outs(world, std::vector<int32_t>(count, -1));
-        std::vector<char*> ptrs;
-        for (auto& o : outs) ptrs.push_back(reinterpret_cast<char*>(o.data()));
-        comm.allgather(in.data(), count, DataType::kInt32, ptrs)->wait();
-        for (int k = 0; k < world; ++k)
-          for (size_t i = 0; i < count; ++i)
-            if (outs[k][i] != k * 1000 + static_cast<int32_t>(i)) fail(Error::Kind::kInternal, "allgather wrong");
-        // reduce_scatter: block k of every rank reduces into rank k
-        std::vector<double> rs_in(count * world), rs_out(count, -1);
-        for (size_t j = 0; j < rs_in.size(); ++j) rs_in[j] = value(rank, j, ReduceOp::kSum);
-        comm.reduce_scatter(rs_in.data(), count, DataType::kFloat64, ReduceOp::kSum, rs_out.data())->wait();
-        for (size_t i = 0; i < count; ++i) {
-          double want = reference(DataType::kFloat64, ReduceOp::kSum, world, rank * count + i);
-          if (rs_out[i] != want) fail(Error::Kind::kInternal, "reduce_scatter wrong at ", i);
-        }
-        // gather / scatter with every root
-        for (int root = 0; root < world; ++root) {
-          std::vector<std::vector<int32_t>> g(world, std::vector<int32_t>(count, -1));
-          std::vector<char*> gp;
-          for (auto& o : g) gp.push_back(reinterpret_cast<char*>(o.data()));
-          comm.gather(in.data(), count, DataType::kInt32, rank == root ? gp : std::vector<char*>{}, root)->wait();
-          if (rank == root)
-            for (int k = 0; k < world; ++k)
-              for (size_t i = 0; i < count; ++i)
-                if (g[k][i] != k * 1000 + static_cast<int32_t>(i)) fail(Error::Kind::kInternal, "gather wrong");
-          std::vector<std::vector<int32_t>> s(world, std::vector<int32_t>(count));
-          std::vector<const char*> sp;
-          for (int k = 0; k < world; ++k) {
-            for (size_t i = 0; i < count; ++i) s[k][i] = root * 100 + k * 10 + static_cast<int32_t>(i);
-            sp.push_back(reinterpret_cast<const char*>(s[k].data()));
+  for (bool latency : {false, true}) {
+    config.allgather_algo = latency ? AlgoChoice::kBruck : AlgoChoice::kRing;
+    config.reduce_scatter_algo = latency ? AlgoChoice::kRecursiveDoubling : AlgoChoice::kRing;
+    for (int world : kWorlds) {
+      auto errors = run_world(world, [&](int rank, Communicator& comm) {
+        for (size_t count : {size_t(0), size_t(1), size_t(5), size_t(333)}) {
+          // allgather into separate buffers
+          std::vector<int32_t> in(count);
+          for (size_t i = 0; i < count; ++i) in[i] = rank * 1000 + static_cast<int32_t>(i);
+          std::vector<std::vector<int32_t>> outs(world, std::vector<int32_t>(count, -1));
+          std::vector<char*> ptrs;
+          for (auto& o : outs) ptrs.push_back(reinterpret_cast<char*>(o.data()));
+          comm.allgather(in.data(), count, DataType::kInt32, ptrs)->wait();
+          for (int k = 0; k < world; ++k)
+            for (size_t i = 0; i < count; ++i)
+              if (outs[k][i] != k * 1000 + static_cast<int32_t>(i)) fail(Error::Kind::kInternal, "allgather wrong");
+          // reduce_scatter: block k of every rank reduces into rank k
+          std::vector<double> rs_in(count * world), rs_out(count, -1);
+          for (size_t j = 0; j < rs_in.size(); ++j) rs_in[j] = value(rank, j, ReduceOp::kSum);
+          comm.reduce_scatter(rs_in.data(), count, DataType::kFloat64, ReduceOp::kSum, rs_out.data())->wait();
+          std::vector<float> avg_in(count * world), avg_out(count, -1);
+          for (size_t j = 0; j < avg_in.size(); ++j) avg_in[j] = static_cast<float>(value(rank, j, ReduceOp::kAvg));
+          comm.reduce_scatter(avg_in.data(), count, DataType::kFloat32, ReduceOp::kAvg, avg_out.data())->wait();
+          for (size_t i = 0; i < count; ++i) {
+            double want = reference(DataType::kFloat64, ReduceOp::kSum, world, rank * count + i);
+            if (rs_out[i] != want) fail(Error::Kind::kInternal, "reduce_scatter wrong at ", i);
+            if (std::fabs(avg_out[i] - reference(DataType::kFloat64, ReduceOp::kAvg, world, rank * count + i)) > 1e-6)
+              fail(Error::Kind::kInternal, "reduce_scatter avg wrong at ", i);
           }
-          std::vector<int32_t> got(count, -1);
-          comm.scatter(rank == root ? sp : std::vector<const char*>{}, got.data(), count, DataType::kInt32, root)->wait();
-          for (size_t i = 0; i < count; ++i)
-            if (got[i] != root * 100 + rank * 10 + static_cast<int32_t>(i)) fail(Error::Kind::kInternal, "scatter wrong");
+          // gather / scatter with every root
+          for (int root = 0; root < world; ++root) {
+            std::vector<std::vector<int32_t>> g(world, std::vector<int32_t>(count, -1));
+            std::vector<char*> gp;
+            for (auto& o : g) gp.push_back(reinterpret_cast<char*>(o.data()));
+            comm.gather(in.data(), count, DataType::kInt32, rank == root ? gp : std::vector<char*>{}, root)->wait();
+            if (rank == root)
+              for (int k = 0; k < world; ++k)
+                for (size_t i = 0; i < count; ++i)
+                  if (g[k][i] != k * 1000 + static_cast<int32_t>(i)) fail(Error::Kind::kInternal, "gather wrong");
+            std::vector<std::vector<int32_t>> s(world, std::vector<int32_t>(count));
+            std::vector<const char*> sp;
+            for (int k = 0; k < world; ++k) {
+              for (size_t i = 0; i < count; ++i) s[k][i] = root * 100 + k * 10 + static_cast<int32_t>(i);
+              sp.push_back(reinterpret_cast<const char*>(s[k].data()));
+            }
+            std::vector<int32_t> got(count, -1);
+            comm.scatter(rank == root ? sp : std::vector<const char*>{}, got.data(), count, DataType::kInt32, root)->wait();
+            for (size_t i = 0; i < count; ++i)
+              if (got[i] != root * 100 + rank * 10 + static_cast<int32_t>(i)) fail(Error::Kind::kInternal, "scatter wrong");
+          }
         }
-      }
-      // alltoall with uneven splits: rank r sends (r + k) % 3 elements to rank k
-      std::vector<size_t> send_counts(world), recv_counts(world);
-      for (int k = 0; k < world; ++k) {
-        send_counts[k] = (rank + k) % 3;
-        recv_counts[k] = (k + rank) % 3;
-      }
-      std::vector<int64_t> sbuf, rbuf;
-      for (int k = 0; k < world; ++k)
-        for (size_t i = 0; i < send_counts[k]; ++i) sbuf.push_back(rank * 100 + k * 10 + static_cast<int64_t>(i));
-      size_t total = 0;
-      for (size_t c : recv_counts) total += c;
-      rbuf.assign(total + 1, -1);
-      comm.alltoall(sbuf.data(), send_counts, rbuf.data(), recv_counts, DataType::kInt64)->wait();
-      size_t at = 0;
-      for (int k = 0; k < world; ++k)
-        for (size_t i = 0; i < recv_counts[k]; ++i, ++at)
-          if (rbuf[at] != k * 100 + rank * 10 + static_cast<int64_t>(i)) fail(Error::Kind::kInternal, "alltoall wrong");
-      comm.barrier()->wait();
-    }, std::chrono::seconds(60), config);
-    check_world(errors, "exchange", world);
+        // alltoall with uneven splits: rank r sends (r + k) % 3 elements to rank k
+        std::vector<size_t> send_counts(world), recv_counts(world);
+        for (int k = 0; k < world; ++k) {
+          send_counts[k] = (rank + k) % 3;
+          recv_counts[k] = (k + rank) % 3;
+        }
+        std::vector<int64_t> sbuf, rbuf;
+        for (int k = 0; k < world; ++k)
+          for (size_t i = 0; i < send_counts[k]; ++i) sbuf.push_back(rank * 100 + k * 10 + static_cast<int64_t>(i));
+        size_t total = 0;
+        for (size_t c : recv_counts) total += c;
+        rbuf.assign(total + 1, -1);
+        comm.alltoall(sbuf.data(), send_counts, rbuf.data(), recv_counts, DataType::kInt64)->wait();
+        size_t at = 0;
+        for (int k = 0; k < world; ++k)
+          for (size_t i = 0; i < recv_counts[k]; ++i, ++at)
+            if (rbuf[at] != k * 100 + rank * 10 + static_cast<int64_t>(i)) fail(Error::Kind::kInternal, "alltoall wrong");
+        comm.barrier()->wait();
+      }, std::chrono::seconds(60), config);
+      check_world(errors, latency ? "exchange (bruck, rd)" : "exchange (ring)", world);
+    }
   }
 }
 

@@ -13,7 +13,7 @@ second fit in the same process.
     gloo_bf16            MCCLStrategy(process_group_backend="gloo", compress="bf16"): reference for the next
     mccl                 Trainer(strategy="mccl")
     mccl_bf16_compress   Trainer(strategy="mccl_bf16_compress"): the engine's bf16 wire compression (a
-                         process of its own: the engine reads MCCL_WIRE_DTYPE once per process)
+                         process of its own: its group reads MCCL_WIRE_DTYPE when it is made)
     mccl_bf16_hook       MCCLStrategy(compress="bf16_hook"): torch's hook, like gloo_bf16
     mccl_powersgd        MCCLStrategy(compress="powersgd", PowerSGD from step 2); gloo_powersgd: over Gloo
     instance             Trainer(strategy=MCCLStrategy(timeout=120), accelerator="auto")

@@ -19,9 +19,9 @@ void ring_allgather(Collective& c, const std::vector<Segment>& segs, uint32_t st
 std::vector<Segment> even_segments(char* data, size_t count, size_t element_size, int parts);
 
 // --- allreduce.cc -------------------------------------------------------------------------------
+// The entry points (allreduce, broadcast, reduce, allgather, reduce_scatter) pick their algorithm
+// with select.h; the variants after them run one algorithm whatever the size.
 void allreduce(Collective& c, void* buf, size_t count);
-// In auto mode, the largest allreduce that runs recursive doubling (MCCL_RD_MAX_BYTES, else by world size).
-size_t rd_max_bytes_for(const Config& config, int world);
 void allreduce_ring(Collective& c, void* buf, size_t count);
 void allreduce_recursive_doubling(Collective& c, void* buf, size_t count);
 
@@ -35,8 +35,12 @@ void scatter(Collective& c, const std::vector<const char*>& ins, void* out, size
 // --- exchange.cc: everyone to everyone --------------------------------------------------------
 // outs holds size() pointers of `count` elements each; in is this rank's `count` elements.
 void allgather(Collective& c, const void* in, size_t count, const std::vector<char*>& outs);
+void allgather_ring(Collective& c, const void* in, size_t count, const std::vector<char*>& outs);
+void allgather_bruck(Collective& c, const void* in, size_t count, const std::vector<char*>& outs);
 // in holds size() * count elements (rank k's block at k*count); out receives this rank's block.
 void reduce_scatter(Collective& c, const void* in, size_t count, void* out);
+void reduce_scatter_ring(Collective& c, const void* in, size_t count, void* out);
+void reduce_scatter_recursive_doubling(Collective& c, const void* in, size_t count, void* out);
 // send_counts/recv_counts in elements, one per rank; blocks are packed in rank order.
 void alltoall(Collective& c, const void* in, const std::vector<size_t>& send_counts, void* out,
               const std::vector<size_t>& recv_counts);

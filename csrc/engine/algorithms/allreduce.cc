@@ -3,6 +3,7 @@
 
 #include "../reduce.h"
 #include "algorithms.h"
+#include "select.h"
 
 namespace mccl {
 
@@ -11,28 +12,13 @@ constexpr uint32_t kUnfoldStep = 0xFFFF;  // header step of the unfold message, 
 }  // namespace
 
 // Recursive doubling sends the whole buffer log2(n) times but takes only log2(n) steps; the ring sends
-// 2(n-1)/n of it in 2(n-1) steps. Where one overtakes the other was measured with benchmarks/allreduce.py
-// (--series mccl:MCCL_ALGO=rd,mccl:MCCL_ALGO=ring) on the 32-core GPU host, one core or more per rank
-// (benchmarks/results/h200x2_algo_rd_vs_ring_W*.md): recursive doubling was faster up to 512 KiB at 4 ranks,
-// 128 KiB at 8, 256 KiB at 16, 1 MiB at 24.
-size_t rd_max_bytes_for(const Config& config, int world) {
-  if (config.rd_max_bytes != 0) return config.rd_max_bytes;
-  if (world <= 4) return 512 * 1024;
-  if (world <= 16) return 256 * 1024;
-  return 512 * 1024;
-}
-
+// 2(n-1)/n of it in 2(n-1) steps. select.cc holds where one overtakes the other.
 void allreduce(Collective& c, void* buf, size_t count) {
   const size_t bytes = count * dtype_size(c.dtype());
-  AlgoChoice algo = c.config().algo;
-  if (algo == AlgoChoice::kAuto) {
-    // The ring needs n-1 messages per phase for every rank; with less than one element per rank, or
-    // small buffers where latency dominates, log2(n) full-buffer exchanges are cheaper.
-    bool small = bytes <= rd_max_bytes_for(c.config(), c.size()) || count < static_cast<size_t>(c.size());
-    algo = small ? AlgoChoice::kRecursiveDoubling : AlgoChoice::kRing;
-  }
-  if (algo == AlgoChoice::kRing) allreduce_ring(c, buf, count);
-  else allreduce_recursive_doubling(c, buf, count);
+  if (select_algorithm(c.config(), CollectiveKind::kAllreduce, c.size(), bytes, count) == AlgoChoice::kRing)
+    allreduce_ring(c, buf, count);
+  else
+    allreduce_recursive_doubling(c, buf, count);
 }
 
 void allreduce_ring(Collective& c, void* buf, size_t count) {

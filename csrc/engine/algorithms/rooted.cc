@@ -3,6 +3,7 @@
 
 #include "../reduce.h"
 #include "algorithms.h"
+#include "select.h"
 
 namespace mccl {
 namespace {
@@ -14,9 +15,9 @@ struct Relative {
   int real(int relative) const { return (relative + root) % n; }
 };
 
-bool latency_bound(const Collective& c, size_t count) {
-  const size_t tree_max_bytes = c.config().rd_max_bytes != 0 ? c.config().rd_max_bytes : 64 * 1024;
-  return count * dtype_size(c.dtype()) <= tree_max_bytes || count < static_cast<size_t>(c.size());
+// Whether select.cc picks the binomial tree for this broadcast or reduce.
+bool tree(const Collective& c, CollectiveKind kind, size_t count) {
+  return select_algorithm(c.config(), kind, c.size(), count * dtype_size(c.dtype()), count) == AlgoChoice::kTree;
 }
 
 }  // namespace
@@ -30,7 +31,7 @@ void broadcast(Collective& c, void* buf, size_t count, int root) {
   const size_t esize = dtype_size(c.dtype()), bytes = count * esize;
   char* data = static_cast<char*>(buf);
   if (r == root) c.round_to_wire(data, bytes);  // the root keeps what the others receive
-  if (latency_bound(c, count)) {
+  if (tree(c, CollectiveKind::kBroadcast, count)) {
     const Relative rel{n, root};
     const int vr = rel.of(r);
     int mask = 1;
@@ -73,7 +74,7 @@ void reduce(Collective& c, void* buf, size_t count, int root) {
     acc = c.scratch(1, bytes);
     if (bytes) std::memcpy(acc, data, bytes);
   }
-  if (n > 1 && latency_bound(c, count)) {
+  if (n > 1 && tree(c, CollectiveKind::kReduce, count)) {
     const Relative rel{n, root};
     const int vr = rel.of(r);
     char* incoming = c.scratch(0, bytes);

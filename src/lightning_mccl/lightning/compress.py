@@ -13,9 +13,9 @@
     "powersgd"                torch's `powerSGD_hook` with a `PowerSGDState` built from `compress_options`
                               (defaults below: rank 1, error feedback, warm start, PowerSGD from step 10).
 
-The engine reads MCCL_WIRE_DTYPE once per process, when the first mccl process group starts: the strategy
-sets it before it creates the group, and a process whose engine already runs with another setting (a
-second fit with another `compress` in the same process) gets a ValueError, never a silent no-op.
+A process group reads MCCL_WIRE_DTYPE when it is made (docs/settings.md): the strategy sets it before it
+creates its group, and a process whose first mccl group was made with another setting (a second fit with
+another `compress` in the same process, which reuses that group) gets a ValueError, never a silent no-op.
 """
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def set_engine_wire(wire: Optional[str]) -> None:
     started = _backend.engine_wire_dtype()
     if started is not None and _normal(started) != want:
         raise ValueError(f"MCCLStrategy(compress={wire!r}): this process's mccl engine already started with "
-                         f"{WIRE_ENV}={started} (it is read once per process); use one compress setting per "
+                         f"{WIRE_ENV}={started} (its group keeps what it read when it was made); use one compress setting per "
                          f"process, or set {WIRE_ENV} before the first process group")
     env = os.environ.get(WIRE_ENV)
     if env is not None and _normal(env) != want:

@@ -1,0 +1,108 @@
+// The algorithm table. Each entry cites the measurement it came from; entries marked "pending" keep a
+// default that no sweep has checked yet (benchmarks/gpu_host/algos.sh measures them all).
+#include "select.h"
+
+#include <climits>
+
+namespace mccl {
+namespace {
+
+constexpr size_t KiB = 1024, MiB = 1024 * 1024;
+
+// `latency` runs for collectives of up to `max_bytes` on worlds of up to `max_world` ranks (the first
+// matching row of the kind wins), `bandwidth` above.
+struct Entry {
+  CollectiveKind kind;
+  int max_world;
+  size_t max_bytes;
+  AlgoChoice latency, bandwidth;
+  const char* measured;
+};
+
+constexpr AlgoChoice kRd = AlgoChoice::kRecursiveDoubling, kRing = AlgoChoice::kRing, kTree = AlgoChoice::kTree,
+                     kBruck = AlgoChoice::kBruck;
+
+// Allreduce: benchmarks/results/h200x2_algo_rd_vs_ring_W*.md (benchmarks/allreduce.py --series
+// mccl:MCCL_ALGO=rd,mccl:MCCL_ALGO=ring, loopback on the 32-core GPU host, float32): the largest size at
+// which recursive doubling was still faster than the ring, and the next size, where it was not.
+constexpr Entry kTable[] = {
+    {CollectiveKind::kAllreduce, 4, 512 * KiB, kRd, kRing, "W4.md: rd 1.97x faster at 512 KiB, 0.95x at 1 MiB"},
+    {CollectiveKind::kAllreduce, 8, 128 * KiB, kRd, kRing, "W8.md: rd 1.67x at 128 KiB, 0.90x at 256 KiB"},
+    {CollectiveKind::kAllreduce, 16, 256 * KiB, kRd, kRing, "W16.md: rd 2.11x at 256 KiB, 0.99x at 512 KiB"},
+    {CollectiveKind::kAllreduce, INT_MAX, 1 * MiB, kRd, kRing, "W24.md: rd 1.69x at 1 MiB, 0.92x at 2 MiB"},
+    // Pending: the former shared default of broadcast and reduce (64 KiB), never measured.
+    {CollectiveKind::kBroadcast, INT_MAX, 64 * KiB, kTree, kRing, "pending (algos.sh)"},
+    {CollectiveKind::kReduce, INT_MAX, 64 * KiB, kTree, kRing, "pending (algos.sh)"},
+    // Pending. Bruck moves the same bytes as the ring in ceil(log2 n) steps instead of n-1, plus one
+    // local copy of the output: it should win up to sizes where that copy costs more than n-1-log2(n)
+    // message latencies.
+    {CollectiveKind::kAllgather, INT_MAX, 256 * KiB, kBruck, kRing, "pending (algos.sh)"},
+    // Pending. Recursive doubling over the whole input sends log2(n) times the input, the ring (n-1)/n
+    // of it: about half the allreduce crossover.
+    {CollectiveKind::kReduceScatter, INT_MAX, 64 * KiB, kRd, kRing, "pending (algos.sh)"},
+};
+
+const Entry* entry_for(CollectiveKind kind, int world) {
+  for (const Entry& e : kTable)
+    if (e.kind == kind && world <= e.max_world) return &e;
+  return nullptr;
+}
+
+// The collective's forcing variable and threshold variable (config.h).
+AlgoChoice forced(const Config& c, CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllreduce: return c.algo;
+    case CollectiveKind::kBroadcast: return c.broadcast_algo;
+    case CollectiveKind::kReduce: return c.reduce_algo;
+    case CollectiveKind::kAllgather: return c.allgather_algo;
+    case CollectiveKind::kReduceScatter: return c.reduce_scatter_algo;
+    default: return AlgoChoice::kAuto;
+  }
+}
+
+size_t threshold_variable(const Config& c, CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kAllreduce: return c.rd_max_bytes;
+    case CollectiveKind::kBroadcast: return c.broadcast_tree_max_bytes;
+    case CollectiveKind::kReduce: return c.reduce_tree_max_bytes;
+    case CollectiveKind::kAllgather: return c.allgather_bruck_max_bytes;
+    case CollectiveKind::kReduceScatter: return c.reduce_scatter_rd_max_bytes;
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+uint32_t selection_digest(const Config& c) {
+  const uint64_t values[] = {static_cast<uint64_t>(c.broadcast_algo),       c.broadcast_tree_max_bytes,
+                             static_cast<uint64_t>(c.reduce_algo),          c.reduce_tree_max_bytes,
+                             static_cast<uint64_t>(c.allgather_algo),       c.allgather_bruck_max_bytes,
+                             static_cast<uint64_t>(c.reduce_scatter_algo), c.reduce_scatter_rd_max_bytes};
+  uint32_t hash = 2166136261u;  // FNV-1a over the values' bytes
+  bool defaults = true;
+  for (uint64_t v : values) {
+    defaults = defaults && v == 0;  // kAuto and 0 (the table) are the defaults
+    for (int i = 0; i < 8; ++i) hash = (hash ^ static_cast<uint8_t>(v >> (8 * i))) * 16777619u;
+  }
+  return defaults ? 0 : (hash == 0 ? 1 : hash);
+}
+
+size_t latency_max_bytes(const Config& config, CollectiveKind kind, int world) {
+  if (size_t set = threshold_variable(config, kind)) return set;
+  const Entry* e = entry_for(kind, world);
+  return e ? e->max_bytes : 0;
+}
+
+AlgoChoice select_algorithm(const Config& config, CollectiveKind kind, int world, size_t bytes, size_t count) {
+  const Entry* e = entry_for(kind, world);
+  if (e == nullptr) return AlgoChoice::kRing;
+  if (AlgoChoice f = forced(config, kind); f != AlgoChoice::kAuto) return f;
+  // The ring-based allreduce, broadcast and reduce split the buffer into one segment per rank: with
+  // fewer elements than ranks the latency-optimal algorithm runs whatever the size.
+  const bool segmented = kind == CollectiveKind::kAllreduce || kind == CollectiveKind::kBroadcast ||
+                         kind == CollectiveKind::kReduce;
+  const bool small = bytes <= latency_max_bytes(config, kind, world) || (segmented && count < size_t(world));
+  return small ? e->latency : e->bandwidth;
+}
+
+}  // namespace mccl

@@ -1,0 +1,41 @@
+// Which algorithm each collective runs: one table (select.cc), one function.
+//
+// Every collective with a choice has a latency-optimal algorithm (few steps, more bytes) and a
+// bandwidth-optimal one (the ring: few bytes, n-1 steps). `auto` runs the latency-optimal one up to
+// a size threshold, the ring above it. Each threshold has its own variable (0, the default: the
+// table's entry for this world size) and each collective its own forcing variable, so every choice
+// can be measured (benchmarks/gpu_host/algos.sh) and pinned:
+//
+//   collective      forcing variable (values)                   threshold variable
+//   allreduce       MCCL_ALGO (auto, ring, rd)                  MCCL_RD_MAX_BYTES
+//   broadcast       MCCL_BROADCAST_ALGO (auto, tree, ring)      MCCL_BROADCAST_TREE_MAX_BYTES
+//   reduce          MCCL_REDUCE_ALGO (auto, tree, ring)         MCCL_REDUCE_TREE_MAX_BYTES
+//   allgather       MCCL_ALLGATHER_ALGO (auto, ring, bruck)     MCCL_ALLGATHER_BRUCK_MAX_BYTES
+//   reduce_scatter  MCCL_REDUCE_SCATTER_ALGO (auto, ring, rd)   MCCL_REDUCE_SCATTER_RD_MAX_BYTES
+//
+// Sizes are counted as nccl-tests (and benchmarks/allreduce.py) count them: the buffer for allreduce,
+// broadcast and reduce, the gathered output for allgather, the input for reduce-scatter.
+#pragma once
+
+#include <cstddef>
+
+#include "../config.h"
+#include "../wire.h"
+
+namespace mccl {
+
+// The algorithm `kind` runs on `world` ranks for a collective of `bytes` (counted as above) and
+// `count` elements per rank. Never kAuto. Only allreduce, broadcast, reduce, allgather and
+// reduce_scatter have a choice; the other kinds get kRing (unused).
+AlgoChoice select_algorithm(const Config& config, CollectiveKind kind, int world, size_t bytes, size_t count);
+
+// A 32-bit digest of the forcing and threshold variables of broadcast, reduce, allgather and
+// reduce_scatter, compared when ranks connect (MCCL_ALGO and MCCL_RD_MAX_BYTES travel as themselves);
+// 0 when all are at their defaults. Ranks that chose differently would post mismatched frames.
+uint32_t selection_digest(const Config& config);
+
+// The size up to which `auto` picks the latency-optimal algorithm: the threshold variable when set,
+// else the table's entry for `world` ranks.
+size_t latency_max_bytes(const Config& config, CollectiveKind kind, int world);
+
+}  // namespace mccl

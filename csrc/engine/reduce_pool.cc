@@ -1,0 +1,132 @@
+#include "reduce_pool.h"
+
+#include <unistd.h>  // getpid: a forked child must not wait on its parent's worker threads
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "thread_name.h"
+
+namespace mccl {
+namespace {
+
+constexpr size_t kParallelBytes = size_t(4) << 20;  // below this, run inline on the caller
+constexpr size_t kMaxParts = 4;
+
+// One call's work: parts [0, parts) of `count` elements, each `chunk` long (the last may be shorter).
+struct Task {
+  Kernel fn;
+  char* out;
+  const char* a;
+  const char* b;
+  size_t elem;
+  size_t count;
+  size_t chunk;
+  int64_t divisor;
+};
+
+void run_part(const Task& t, size_t part) {
+  size_t begin = part * t.chunk;
+  if (begin >= t.count) return;
+  size_t n = std::min(t.chunk, t.count - begin);
+  size_t off = begin * t.elem;
+  t.fn(t.out + off, t.a ? t.a + off : nullptr, t.b ? t.b + off : nullptr, n, t.divisor);
+}
+
+// Persistent workers blocked on a condition variable. One job at a time: a caller that finds the pool
+// busy (another communicator thread) runs its job inline instead of waiting. The caller does part 0
+// itself; worker i does part i+1. The pool is leaked on purpose, with detached workers, so process exit
+// has nothing to tear down.
+class Pool {
+ public:
+  static Pool* instance() {
+    static Pool* pool = new Pool(std::min<size_t>(kMaxParts, std::thread::hardware_concurrency()));
+    return pool;
+  }
+
+  size_t width() const { return workers_ + 1; }
+
+  // Runs task parts [0, parts) (parts <= width()) and returns true, or returns false if busy.
+  bool try_run(const Task& task, size_t parts) {
+    if (getpid() != pid_) return false;  // forked child: the workers did not come along
+    std::unique_lock<std::mutex> busy(busy_, std::try_to_lock);
+    if (!busy.owns_lock()) return false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      task_ = &task;
+      parts_ = parts;
+      pending_ = parts - 1;
+      ++generation_;
+    }
+    wake_.notify_all();
+    run_part(task, 0);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    task_ = nullptr;
+    parts_ = 0;
+    return true;
+  }
+
+ private:
+  explicit Pool(size_t width) : pid_(getpid()) {
+    size_t started = 0;
+    for (size_t part = 1; part < width; ++part) {
+      try {
+        std::thread([this, part] {
+          set_thread_name("mccl-reduce");
+          worker(part);
+        }).detach();
+        ++started;
+      } catch (const std::exception&) {
+        break;  // could not start a thread: use the ones we have (possibly none: inline)
+      }
+    }
+    workers_ = started;
+  }
+
+  void worker(size_t part) {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      wake_.wait(lock, [&] { return generation_ != seen; });
+      seen = generation_;
+      if (task_ == nullptr || part >= parts_) continue;  // job already over, or not needed for it
+      const Task* task = task_;
+      lock.unlock();
+      run_part(*task, part);
+      lock.lock();
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  const pid_t pid_;
+  size_t workers_ = 0;
+  std::mutex busy_;  // held for a whole job
+  std::mutex mu_;    // guards the fields below
+  std::condition_variable wake_, done_;
+  const Task* task_ = nullptr;
+  size_t parts_ = 0;
+  size_t pending_ = 0;
+  uint64_t generation_ = 0;
+};
+
+}  // namespace
+
+void run_split(Kernel fn, void* out, const void* a, const void* b, size_t count, size_t elem, int64_t divisor) {
+  if (count * elem >= kParallelBytes) {
+    Pool* pool = Pool::instance();
+    size_t parts = pool->width();
+    if (parts > 1) {
+      size_t chunk = (count + parts - 1) / parts;
+      chunk = (chunk + 63) / 64 * 64;  // keep part boundaries vector- and cache-line friendly
+      Task task{fn, static_cast<char*>(out), static_cast<const char*>(a), static_cast<const char*>(b),
+                elem, count, chunk, divisor};
+      if (pool->try_run(task, parts)) return;
+    }
+  }
+  fn(out, a, b, count, divisor);
+}
+
+}  // namespace mccl

@@ -1,0 +1,46 @@
+// ProcessGroupMCCL::launch, included by the files that implement the operations.
+#pragma once
+
+#include <algorithm>
+
+#include "errors.hpp"
+#include "process_group_mccl.hpp"
+#include "staging.hpp"
+
+namespace lightning_mccl {
+
+// Queues one engine operation for a WorkMCCL. When it ends, the completion pool copies staged outputs
+// back to their devices and completes the Work's future; unstaged work completes its future lazily.
+template <typename Start>
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10d::OpType type, std::vector<at::Tensor> outputs,
+                                                        Staging staging, Start&& start) {
+  auto work = c10::make_intrusive<WorkMCCL>(type, std::move(outputs), comm_->config().spin_us);
+  WorkMCCL* raw = work.get();
+  c10::raw::intrusive_ptr::incref(raw);  // the engine callback owns one reference until it runs
+  if (std::any_of(staging->begin(), staging->end(), [](const Staged& s) { return s.copy_back; })) {
+    work->set_staged(
+        [staging] {
+          for (const auto& s : *staging) unstage(s);
+        },
+        completion_stream(staging));
+  }
+  mccl::Callback done = [raw, staging](std::exception_ptr error) {
+    auto owned = c10::intrusive_ptr<WorkMCCL>::reclaim(raw);
+    if (owned->engine_finished(error)) owned->complete_on_pool(std::move(owned));
+  };
+  mccl::WorkPtr engine_work;
+  try {
+    mccl::Communicator::StartAfter copied_out(ready(staging));  // the progress thread waits, not this one
+    engine_work = start(std::move(done));
+  } catch (const mccl::Error& e) {
+    c10::intrusive_ptr<WorkMCCL>::reclaim(raw);  // the callback never runs
+    throw_torch(e);
+  } catch (...) {
+    c10::intrusive_ptr<WorkMCCL>::reclaim(raw);
+    throw;
+  }
+  if (work->attach(std::move(engine_work))) work->complete_on_pool(work);  // it finished first
+  return work;
+}
+
+}  // namespace lightning_mccl

@@ -1,0 +1,143 @@
+// The algorithm table (algorithms/select.cc) and the settings that steer it, read per communicator
+// from a process group's settings or the environment (config.cc). No sockets: these run in microseconds.
+#include <cstdlib>
+#include <string>
+
+#include "algorithms/select.h"
+#include "check.h"
+#include "config.h"
+#include "log.h"
+
+using namespace mccl;
+
+namespace {
+
+constexpr size_t KiB = 1024, MiB = 1024 * 1024;
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::string error_of(const Settings& given) {
+  try {
+    Config::from_env(given);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+AlgoChoice pick(const Config& c, CollectiveKind kind, int world, size_t bytes) {
+  return select_algorithm(c, kind, world, bytes, bytes / 4);
+}
+
+}  // namespace
+
+// The allreduce rows follow benchmarks/results/h200x2_algo_rd_vs_ring_W*.md: at 8 ranks 256 KiB is the ring
+// (rd measured 0.90x there), 128 KiB recursive doubling.
+TEST(allreduce_follows_the_measured_crossovers) {
+  const Config c;
+  struct Row {
+    int world;
+    size_t last_rd;
+  } rows[] = {{2, 512 * KiB}, {4, 512 * KiB}, {8, 128 * KiB}, {16, 256 * KiB}, {24, 1 * MiB}, {64, 1 * MiB}};
+  for (const Row& r : rows) {
+    CHECK_MSG(pick(c, CollectiveKind::kAllreduce, r.world, r.last_rd) == AlgoChoice::kRecursiveDoubling, "world %d",
+              r.world);
+    CHECK_MSG(pick(c, CollectiveKind::kAllreduce, r.world, 2 * r.last_rd) == AlgoChoice::kRing, "world %d", r.world);
+  }
+  // Fewer elements than ranks: the ring has nothing to split, whatever the size.
+  CHECK(select_algorithm(c, CollectiveKind::kAllreduce, 8, 4 * MiB, 7) == AlgoChoice::kRecursiveDoubling);
+}
+
+TEST(each_collective_has_its_own_threshold_and_forcing) {
+  Config c;
+  CHECK(pick(c, CollectiveKind::kBroadcast, 8, 64 * KiB) == AlgoChoice::kTree);
+  CHECK(pick(c, CollectiveKind::kBroadcast, 8, 128 * KiB) == AlgoChoice::kRing);
+  CHECK(pick(c, CollectiveKind::kReduce, 8, 64 * KiB) == AlgoChoice::kTree);
+  CHECK(pick(c, CollectiveKind::kAllgather, 8, 256 * KiB) == AlgoChoice::kBruck);
+  CHECK(pick(c, CollectiveKind::kAllgather, 8, 512 * KiB) == AlgoChoice::kRing);
+  CHECK(pick(c, CollectiveKind::kReduceScatter, 8, 64 * KiB) == AlgoChoice::kRecursiveDoubling);
+  CHECK(pick(c, CollectiveKind::kReduceScatter, 8, 128 * KiB) == AlgoChoice::kRing);
+  // The allreduce threshold no longer moves broadcast and reduce.
+  c.rd_max_bytes = 4 * MiB;
+  CHECK(pick(c, CollectiveKind::kBroadcast, 8, 1 * MiB) == AlgoChoice::kRing);
+  CHECK(pick(c, CollectiveKind::kAllreduce, 8, 4 * MiB) == AlgoChoice::kRecursiveDoubling);
+  c.broadcast_tree_max_bytes = 1 * MiB;
+  CHECK(pick(c, CollectiveKind::kBroadcast, 8, 1 * MiB) == AlgoChoice::kTree);
+  CHECK(pick(c, CollectiveKind::kReduce, 8, 1 * MiB) == AlgoChoice::kRing);
+  c.allgather_algo = AlgoChoice::kRing;
+  CHECK(pick(c, CollectiveKind::kAllgather, 8, 4 * KiB) == AlgoChoice::kRing);
+  c.reduce_scatter_algo = AlgoChoice::kRecursiveDoubling;
+  CHECK(pick(c, CollectiveKind::kReduceScatter, 8, 64 * MiB) == AlgoChoice::kRecursiveDoubling);
+  CHECK(latency_max_bytes(c, CollectiveKind::kBroadcast, 8) == 1 * MiB);
+  CHECK(latency_max_bytes(Config(), CollectiveKind::kAllreduce, 8) == 128 * KiB);
+}
+
+// What the handshake compares: 0 for the defaults (so the Hello of a default rank is as before), else a
+// digest that tells apart every setting.
+TEST(selection_digest_tells_settings_apart) {
+  CHECK(selection_digest(Config()) == 0);
+  Config a, b, c;
+  a.allgather_algo = AlgoChoice::kBruck;
+  b.allgather_bruck_max_bytes = 4 * KiB;
+  c.reduce_scatter_rd_max_bytes = 4 * KiB;
+  CHECK(selection_digest(a) != 0 && selection_digest(b) != 0 && selection_digest(c) != 0);
+  CHECK(selection_digest(a) != selection_digest(b) && selection_digest(b) != selection_digest(c));
+  Config d = b;
+  CHECK(selection_digest(d) == selection_digest(b));
+  d.rd_max_bytes = 1;  // allreduce's variables travel as themselves
+  CHECK(selection_digest(d) == selection_digest(b));
+}
+
+TEST(selection_variables_are_parsed) {
+  Config c = Config::from_env({{"MCCL_ALLGATHER_ALGO", "bruck"}, {"MCCL_REDUCE_SCATTER_ALGO", "rd"},
+                               {"MCCL_BROADCAST_ALGO", "tree"}, {"MCCL_REDUCE_ALGO", "ring"},
+                               {"MCCL_ALLGATHER_BRUCK_MAX_BYTES", "2M"}, {"MCCL_REDUCE_TREE_MAX_BYTES", "8K"}});
+  CHECK(c.allgather_algo == AlgoChoice::kBruck && c.reduce_scatter_algo == AlgoChoice::kRecursiveDoubling);
+  CHECK(c.broadcast_algo == AlgoChoice::kTree && c.reduce_algo == AlgoChoice::kRing);
+  CHECK(c.allgather_bruck_max_bytes == 2 * MiB && c.reduce_tree_max_bytes == 8 * KiB);
+  const std::string e = error_of({{"MCCL_ALLGATHER_ALGO", "rd"}});
+  CHECK_MSG(contains(e, "MCCL_ALLGATHER_ALGO='rd' is not one of auto, ring, bruck"), "%s", e.c_str());
+}
+
+// A group's settings take the place of the environment's; the environment is read when the group's
+// communicator is made, so a change applies to the next one.
+TEST(group_settings_override_the_environment_and_later_changes_apply) {
+  ::setenv("MCCL_SPIN_US", "7", 1);
+  CHECK(Config::from_env().spin_us == 7);
+  CHECK(Config::from_env({{"MCCL_SPIN_US", "0"}}).spin_us == 0);
+  ::setenv("MCCL_SPIN_US", "9", 1);
+  CHECK(Config::from_env().spin_us == 9);
+  ::unsetenv("MCCL_SPIN_US");
+  const std::string e = error_of({{"MCCL_SPINUS", "0"}});
+  CHECK_MSG(contains(e, "unknown MCCL setting 'MCCL_SPINUS'"), "%s", e.c_str());
+}
+
+TEST(counts_reject_byte_suffixes) {
+  for (const char* name : {"MCCL_NSOCKS", "MCCL_SPIN_US"}) {
+    for (const char* bad : {"2K", "1M", "-1", "two", "1.5"}) {
+      const std::string e = error_of({{name, bad}});
+      CHECK_MSG(contains(e, std::string(name) + "='" + bad + "' is not a whole number"), "%s=%s: %s", name, bad,
+                e.c_str());
+    }
+  }
+  CHECK_MSG(contains(error_of({{"MCCL_NSOCKS", "17"}}), "MCCL_NSOCKS=17 is outside 1-16"), "%s",
+            error_of({{"MCCL_NSOCKS", "17"}}).c_str());
+  CHECK(Config::from_env({{"MCCL_NSOCKS", "3"}}).nsocks == 3);
+  CHECK(Config::from_env({{"MCCL_CHUNK_BYTES", "64K"}}).chunk_bytes == 64 * KiB);  // bytes still take suffixes
+}
+
+// The logger reads MCCL_DEBUG alone: a bad secret file or another bad variable cannot break logging.
+TEST(logging_reads_only_its_own_variable) {
+  CHECK(parse_log_level("INFO") == 2 && parse_log_level("0") == 0 && parse_log_level("LOUD") == -1);
+  ::setenv("MCCL_AUTH_SECRET_FILE", "/nonexistent/mccl-secret", 1);
+  ::setenv("MCCL_NSOCKS", "2K", 1);
+  const char* debug = std::getenv("MCCL_DEBUG");
+  CHECK(log_level() == (debug && parse_log_level(debug) >= 0 ? parse_log_level(debug) : 1));
+  log(LogLevel::kTrace, "not printed");
+  ::unsetenv("MCCL_AUTH_SECRET_FILE");
+  ::unsetenv("MCCL_NSOCKS");
+  const std::string e = error_of({{"MCCL_DEBUG", "LOUD"}});
+  CHECK_MSG(contains(e, "MCCL_DEBUG='LOUD' is not one of ERROR, WARN, INFO, TRACE"), "%s", e.c_str());
+}
+
+MCCL_TEST_MAIN
