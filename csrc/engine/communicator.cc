@@ -121,7 +121,6 @@ WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, 
     wake = !spinning_;
   }
   if (wake) transport_->wake();
-  cv_.notify_all();
   return work;
 }
 
@@ -276,6 +275,7 @@ void Communicator::run() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (transport_->fatal_error()) {
+        if (!error_) error_ = transport_->fatal_error();  // from here on enqueue() refuses (see cv_)
         cv_.wait(lock, [this] { return stopping_ || order_->queued() > 0 || !commands_.empty(); });
       }
       next = order_->next(next_seq_, /*ignore_gates=*/transport_->fatal_error() != nullptr);
@@ -413,11 +413,6 @@ void Communicator::stop(bool abort) {
   thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
   if (abort && !error_) error_ = aborted;
-}
-
-std::exception_ptr Communicator::error() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return error_;
 }
 
 }  // namespace mccl
