@@ -226,8 +226,7 @@ class Acceptor {
 }  // namespace
 
 LaneSpec lane_spec(const Config& config) {
-  return LaneSpec{0, config.nsocks, static_cast<uint32_t>(config.chunk_bytes), config.rd_max_bytes,
-                  static_cast<uint8_t>(config.algo)};
+  return LaneSpec{0, config.nsocks};
 }
 
 std::string agree_on_secret(Store& store, int rank, const Config& config) {

@@ -30,7 +30,7 @@
 #include "issue_order.h"
 #include "stats.h"
 #include "store.h"
-#include "transport.h"
+#include "transport/transport.h"
 #include "work.h"
 
 namespace mccl {
