@@ -1,11 +1,11 @@
-// The frame cursor: the bytes one lane carries of one frame (a "segment": a head, then a slice of the
+// The frame cursor: the bytes one lane carries of one frame (a "segment": a head, then that lane's share of the
 // payload), how far they are written, and the two operations every writer needs: fill iovecs with what
-// is left of a run of segments, and count what one sendmsg() took. The progress thread (Peer::write),
-// the sender threads (Sender) and the abort path (write_rest) all write through these, and only these.
+// is left of a run of cursors, and count what one sendmsg() took. The progress thread (Peer::write), the
+// sender threads (Sender) and the abort path (write_rest) all write through these, and only these.
 //
-// A segment's head is the frame's FrameHeader on lane 0 and a LaneHeader on the other lanes (wire.h).
-// Segments are copied between threads (a sender works on a copy of its queue's front): the lane header
-// lives in the segment itself, the frame header and the payload in the Request it shares.
+// The head is the frame's FrameHeader on lane 0 and a LaneHeader on the other lanes (wire.h). Cursors are
+// copied between threads (a sender works on a copy of its queue's front): the lane header lives in the
+// cursor itself, the frame header and the payload in the Request it shares.
 #pragma once
 
 #include <sys/uio.h>
@@ -47,7 +47,7 @@ struct FrameCursor {
   }
 };
 
-// A whole frame on lane 0: its header and all of its payload (one lane, or a frame that is not split).
+// A whole frame on lane 0: its header and all of its payload (a frame that is not split: an abort; tests).
 inline FrameCursor whole_frame(RequestPtr request) {
   FrameCursor s;
   s.data = request->data;
@@ -56,7 +56,7 @@ inline FrameCursor whole_frame(RequestPtr request) {
   return s;
 }
 
-// Fills iov (room for kMaxIov) with what is left of segments [first, last), in order; returns the count.
+// Fills iov (room for kMaxIov) with what is left of cursors [first, last), in order; returns the count.
 template <class It>
 int gather(It first, It last, iovec* iov) {
   int n = 0;
@@ -64,7 +64,7 @@ int gather(It first, It last, iovec* iov) {
   return n;
 }
 
-// Counts `written` bytes (one sendmsg() of gather()'s iovecs) against the segments from `first` on;
+// Counts `written` bytes (one sendmsg() of gather()'s iovecs) against the cursors from `first` on;
 // returns how many of them it finished (they are the first ones).
 template <class It>
 size_t advance(It first, size_t written) {
@@ -78,8 +78,8 @@ size_t advance(It first, size_t written) {
   return finished;
 }
 
-// Blocking (bounded by the deadline): writes what is left of `segment`. For the abort path, which must
-// finish a half-written segment before its own frame. Throws kTimeout / kConnection naming `what`.
-void write_rest(Socket& sock, FrameCursor& segment, Deadline deadline, const std::string& what);
+// Blocking (bounded by the deadline): writes what is left of `cursor`. For the abort path, which must
+// finish a half-written frame before its own. Throws kTimeout / kConnection naming `what`.
+void write_rest(Socket& sock, FrameCursor& cursor, Deadline deadline, const std::string& what);
 
 }  // namespace mccl
