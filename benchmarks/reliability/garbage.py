@@ -14,7 +14,7 @@ slow-loris client until released), and then watches what the server does with it
     error         anything else (recorded with its text)
 
 The payloads are written against the wire format of csrc/engine/wire.h (protocol version 4: the 80-byte
-Hello with its nonce, lane and lane count; the 64-byte frame header; magic "MCCL") as an attacker who
+Hello with its nonce, lane, lane count and allreduce settings; the 64-byte frame header; magic "MCCL") as an attacker who
 read the source would know it, not through the engine's code. "impersonate" is the unauthenticated client
 that matters: a well-formed Hello with the job's real communicator id (an attacker on the LAN reads it off
 any frame header; the harness takes it from the store) and default settings, claiming to be a rank that
@@ -45,9 +45,9 @@ CLOSED_ERRNOS = (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN)  # longer than t
 
 def hello(comm_id: int, rank: int, world: int, magic: int = MAGIC, version: int = VERSION) -> bytes:
     """The Hello of wire.h: magic u32, version u16, role u16, comm_id u64, rank u32, world_size u32, nonce 32
-    bytes, lane u16, nsocks u16, 20 reserved bytes (80 in all)."""
-    return struct.pack("<IHHQII32sHH20x", magic, version, CONNECTOR, comm_id & (2**64 - 1), rank & (2**32 - 1),
-                       world & (2**32 - 1), bytes(range(32)), 0, 1)
+    bytes, lane u16, nsocks u16, 4 reserved bytes, rd_max_bytes u64, algo u8, 7 reserved bytes (80 in all)."""
+    return struct.pack("<IHHQII32sHH4xQB7x", magic, version, CONNECTOR, comm_id & (2**64 - 1), rank & (2**32 - 1),
+                       world & (2**32 - 1), bytes(range(32)), 0, 1, 0, 0)
 
 
 def frame_header(comm_id: int, *, length: int, channel: int = 1, kind: int = 1, seq: int = 0, count: int = 0) -> bytes:

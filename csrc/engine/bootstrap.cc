@@ -226,7 +226,7 @@ class Acceptor {
 }  // namespace
 
 LaneSpec lane_spec(const Config& config) {
-  return LaneSpec{0, config.nsocks};
+  return LaneSpec{0, config.nsocks, config.rd_max_bytes, static_cast<uint8_t>(config.algo)};
 }
 
 std::string agree_on_secret(Store& store, int rank, const Config& config) {

@@ -11,6 +11,15 @@ namespace {
 const char kConnectorLabel[] = "mccl handshake v3: connector proof";
 const char kAcceptorLabel[] = "mccl handshake v3: acceptor proof";
 
+const char* algo_name(uint8_t algo) {
+  switch (algo) {
+    case 0: return "auto";
+    case 1: return "ring";
+    case 2: return "rd";
+  }
+  return "unknown";
+}
+
 const char* role_name(uint16_t role) {
   if (role == static_cast<uint16_t>(HandshakeRole::kConnector)) return "connector";
   if (role == static_cast<uint16_t>(HandshakeRole::kAcceptor)) return "acceptor";
@@ -25,6 +34,8 @@ Handshake::Handshake(HandshakeRole role, const std::string& secret, uint64_t com
   mine_.role = static_cast<uint16_t>(role);
   mine_.lane = static_cast<uint16_t>(lanes.lane);
   mine_.nsocks = static_cast<uint16_t>(lanes.nsocks);
+  mine_.rd_max_bytes = lanes.rd_max_bytes;
+  mine_.algo = lanes.algo;
   mine_.comm_id = comm_id;
   mine_.rank = static_cast<uint32_t>(rank);
   mine_.world_size = static_cast<uint32_t>(world_size);
@@ -120,6 +131,12 @@ void Handshake::on_hello() {
     return fail("its rank " + std::to_string(theirs_.rank) + " is out of range");
   if (theirs_.nsocks != mine_.nsocks)
     return fail("it has MCCL_NSOCKS=" + std::to_string(theirs_.nsocks) + ", this rank " + std::to_string(mine_.nsocks) +
+                ": set the same value on every host");
+  if (theirs_.rd_max_bytes != mine_.rd_max_bytes)
+    return fail("it has MCCL_RD_MAX_BYTES=" + std::to_string(theirs_.rd_max_bytes) + ", this rank " +
+                std::to_string(mine_.rd_max_bytes) + ": set the same value on every host");
+  if (theirs_.algo != mine_.algo)
+    return fail(std::string("it has MCCL_ALGO=") + algo_name(theirs_.algo) + ", this rank " + algo_name(mine_.algo) +
                 ": set the same value on every host");
   if (theirs_.lane >= theirs_.nsocks) return fail("its lane " + std::to_string(theirs_.lane) + " is out of range");
   if (role_ == HandshakeRole::kConnector && theirs_.lane != mine_.lane)

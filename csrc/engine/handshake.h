@@ -27,10 +27,13 @@
 
 namespace mccl {
 
-// Which connection between two ranks this is, and how many there are (see Hello).
+// Which connection between two ranks this is, how many there are, and the settings that choose an
+// allreduce's schedule (see Hello).
 struct LaneSpec {
   int lane = 0;   // a connector's lane; an acceptor learns it from the Hello (peer_lane())
   int nsocks = 1;
+  uint64_t rd_max_bytes = 0;
+  uint8_t algo = 0;
 };
 
 class Handshake {

@@ -20,7 +20,8 @@ constexpr uint32_t kMagic = 0x4C43434D;  // "MCCL" in memory on little-endian ho
 // 1: Hello without authentication. 2: nonce in the Hello, Proof messages, heartbeat control frames.
 // 3: several connections per peer (MCCL_NSOCKS), a frame on one of them, lanes part of the matching.
 // 4: lanes below matching: a frame's header travels on lane 0 and its payload is split across the lanes
-// (transport/peer.h), each lane's share after a LaneHeader; the Hello carries only its lane and MCCL_NSOCKS.
+// (transport/peer.h), each lane's share after a LaneHeader; the Hello no longer carries MCCL_CHUNK_BYTES
+// (ranks that differ now send frames the others' receives name as a mismatch).
 constexpr uint16_t kProtocolVersion = 4;
 
 enum class Channel : uint8_t {
@@ -103,7 +104,13 @@ struct Hello {
   uint8_t nonce[kNonceBytes] = {};  // fresh random bytes: the challenge the other end must sign
   uint16_t lane = 0;    // which of the nsocks connections between the two ranks this is
   uint16_t nsocks = 1;  // MCCL_NSOCKS: both ends split payloads across the same number of lanes
-  uint8_t reserved[20] = {};
+  uint32_t reserved0 = 0;
+  // The settings that choose an allreduce's schedule (which peers each step talks to). Ranks that differ
+  // would each wait on a peer that sends elsewhere, with no frame meeting a receive it could be compared
+  // with, until the timeout; so they are refused when they connect.
+  uint64_t rd_max_bytes = 0;  // MCCL_RD_MAX_BYTES
+  uint8_t algo = 0;           // MCCL_ALGO (AlgoChoice)
+  uint8_t reserved[7] = {};
 };
 static_assert(sizeof(Hello) == 80, "Hello must stay 80 bytes");
 constexpr size_t kPreambleBytes = 8;  // magic + version + 2 bytes

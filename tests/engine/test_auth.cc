@@ -219,13 +219,17 @@ TEST(handshake_names_both_protocol_versions) {
             "%s", connector.error().c_str());
 }
 
-// Both ends split payloads across MCCL_NSOCKS lanes: ranks that differ are told so when they connect.
-TEST(handshake_rejects_peers_with_other_lane_counts) {
+// Both ends split payloads across MCCL_NSOCKS lanes, and MCCL_ALGO / MCCL_RD_MAX_BYTES choose which peers an
+// allreduce talks to: ranks that differ are told so when they connect, naming the variable.
+TEST(handshake_rejects_peers_with_other_lane_or_schedule_settings) {
   const std::string secret = "0123456789abcdef-the-job-secret";
   struct Case {
     LaneSpec connector, acceptor;
     const char* expect;
-  } cases[] = {{{0, 2}, {0, 1}, "MCCL_NSOCKS=2"}, {{3, 2}, {0, 2}, "lane 3 is out of range"}};
+  } cases[] = {{{0, 2, 0, 0}, {0, 1, 0, 0}, "MCCL_NSOCKS=2"},
+               {{0, 1, 0, 1}, {0, 1, 0, 0}, "MCCL_ALGO=ring"},
+               {{0, 1, 4096, 0}, {0, 1, 0, 0}, "MCCL_RD_MAX_BYTES=4096"},
+               {{3, 2, 0, 0}, {0, 2, 0, 0}, "lane 3 is out of range"}};
   for (const Case& c : cases) {
     Handshake connector(HandshakeRole::kConnector, secret, 42, 1, 2, 0, kNonceC, c.connector);
     Handshake acceptor(HandshakeRole::kAcceptor, secret, 42, 0, 2, -1, kNonceA, c.acceptor);
