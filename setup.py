@@ -7,7 +7,7 @@ import platform
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-engine = sorted(glob.glob("csrc/engine/*.cc") + glob.glob("csrc/engine/algorithms/*.cc"))
+engine = sorted(glob.glob("csrc/engine/*.cc") + glob.glob("csrc/engine/algorithms/*.cc") + glob.glob("csrc/engine/transport/*.cc"))
 binding = sorted(glob.glob("csrc/torch/*.cpp"))
 
 debug = os.environ.get("MCCL_BUILD_DEBUG", "0") == "1"

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ENGINE = sorted(glob.glob(str(ROOT / "csrc/engine/*.cc")) + glob.glob(str(ROOT / "csrc/engine/algorithms/*.cc")))
+ENGINE = sorted(glob.glob(str(ROOT / "csrc/engine/*.cc")) + glob.glob(str(ROOT / "csrc/engine/algorithms/*.cc")) + glob.glob(str(ROOT / "csrc/engine/transport/*.cc")))
 HEADERS = glob.glob(str(ROOT / "csrc/**/*.h"), recursive=True) + glob.glob(str(ROOT / "csrc/**/*.hpp"),
                                                                               recursive=True)
 TESTS = sorted(glob.glob(str(ROOT / "tests/engine/test_*.cc")))

@@ -13,8 +13,8 @@ slow-loris client until released), and then watches what the server does with it
     timeout       the TCP connect itself did not complete within CONNECT_TIMEOUT_S (backlog full)
     error         anything else (recorded with its text)
 
-The payloads are written against the wire format of csrc/engine/wire.h (protocol version 3: the 80-byte
-Hello with its nonce, lane and frame settings; the 64-byte frame header; magic "MCCL") as an attacker who
+The payloads are written against the wire format of csrc/engine/wire.h (protocol version 4: the 80-byte
+Hello with its nonce, lane, lane count and allreduce settings; the 64-byte frame header; magic "MCCL") as an attacker who
 read the source would know it, not through the engine's code. "impersonate" is the unauthenticated client
 that matters: a well-formed Hello with the job's real communicator id (an attacker on the LAN reads it off
 any frame header; the harness takes it from the store) and default settings, claiming to be a rank that
@@ -34,9 +34,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 MAGIC = 0x4C43434D
-VERSION = 3
+VERSION = 4
 CONNECTOR = 1  # HandshakeRole::kConnector
-DEFAULT_CHUNK_BYTES = 524288  # MCCL_CHUNK_BYTES's default, which the Hello carries
 CONNECT_TIMEOUT_S = 2.0
 WAIT_S = 2.0
 STALL_LIMIT_S = 120.0  # a stalled connection is held at most this long
@@ -46,10 +45,10 @@ CLOSED_ERRNOS = (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN)  # longer than t
 
 def hello(comm_id: int, rank: int, world: int, magic: int = MAGIC, version: int = VERSION) -> bytes:
     """The Hello of wire.h: magic u32, version u16, role u16, comm_id u64, rank u32, world_size u32, nonce 32
-    bytes, lane u16, nsocks u16, chunk_bytes u32, rd_max_bytes u64, algo u8, selection 4 bytes (0: default
+    bytes, lane u16, nsocks u16, 4 reserved bytes, rd_max_bytes u64, algo u8, selection 4 bytes (0: default
     algorithm settings), 3 reserved bytes (80 in all)."""
-    return struct.pack("<IHHQII32sHHIQB7x", magic, version, CONNECTOR, comm_id & (2**64 - 1), rank & (2**32 - 1),
-                       world & (2**32 - 1), bytes(range(32)), 0, 1, DEFAULT_CHUNK_BYTES, 0, 0)
+    return struct.pack("<IHHQII32sHH4xQB7x", magic, version, CONNECTOR, comm_id & (2**64 - 1), rank & (2**32 - 1),
+                       world & (2**32 - 1), bytes(range(32)), 0, 1, 0, 0)
 
 
 def frame_header(comm_id: int, *, length: int, channel: int = 1, kind: int = 1, seq: int = 0, count: int = 0) -> bytes:
@@ -82,7 +81,7 @@ def payload(kind: str, t: Target, rng: random.Random) -> bytes:
     if kind == "bad_magic":
         return hello(t.comm_id, t.world - 1, t.world, magic=rng.getrandbits(32) | 1)
     if kind == "wrong_version":
-        return hello(t.comm_id, t.world - 1, t.world, version=rng.choice([0, 1, 2, 99, 0xFFFF]))
+        return hello(t.comm_id, t.world - 1, t.world, version=rng.choice([0, 1, 2, 3, 99, 0xFFFF]))
     if kind == "truncated":
         return hello(t.comm_id, t.world - 1, t.world)[: rng.randint(1, 79)]
     if kind == "wrong_comm":

@@ -227,8 +227,7 @@ class Acceptor {
 }  // namespace
 
 LaneSpec lane_spec(const Config& config) {
-  return LaneSpec{0, config.nsocks, static_cast<uint32_t>(config.chunk_bytes), config.rd_max_bytes,
-                  static_cast<uint8_t>(config.algo), selection_digest(config)};
+  return LaneSpec{0, config.nsocks, config.rd_max_bytes, static_cast<uint8_t>(config.algo), selection_digest(config)};
 }
 
 std::string agree_on_secret(Store& store, int rank, const Config& config) {

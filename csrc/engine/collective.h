@@ -8,7 +8,7 @@
 
 #include "config.h"
 #include "dtype.h"
-#include "transport.h"
+#include "transport/transport.h"
 #include "wire.h"
 
 namespace mccl {

@@ -30,8 +30,7 @@ Communicator::Communicator(Store& store, int rank, int size, std::chrono::millis
     if (sock.valid()) sock.configure_for_data(config_.socket_buffer_bytes);
   }
   transport_ = std::make_unique<Transport>(rank, size, mesh.comm_id, std::move(mesh.peers),
-                                           std::move(mesh.peer_addresses), config_.max_message_bytes, mesh.nsocks,
-                                           config_.chunk_bytes);
+                                           std::move(mesh.peer_addresses), config_.max_message_bytes, mesh.nsocks);
   transport_->set_stats(&stats_);
   transport_->set_heartbeat(config_.heartbeat_interval, config_.heartbeat_timeout);
   transport_->set_spin(std::chrono::microseconds(config_.spin_us));
@@ -121,7 +120,6 @@ WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, 
     wake = !spinning_;
   }
   if (wake) transport_->wake();
-  cv_.notify_all();
   return work;
 }
 
@@ -276,6 +274,7 @@ void Communicator::run() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (transport_->fatal_error()) {
+        if (!error_) error_ = transport_->fatal_error();  // from here on enqueue() refuses (see cv_)
         cv_.wait(lock, [this] { return stopping_ || order_->queued() > 0 || !commands_.empty(); });
       }
       next = order_->next(next_seq_, /*ignore_gates=*/transport_->fatal_error() != nullptr);
@@ -370,7 +369,6 @@ void Communicator::run_op(PendingCollective& op) {
     if (log_enabled(LogLevel::kTrace)) log(LogLevel::kTrace, "rank ", rank_, " starts ", describe(op.identity));
     try {
       if (op.ready) op.ready();
-      transport_->check_arrived_frames();
       Collective c(*transport_, config_, scratch_, &wire_buffers_, op.identity, Clock::now() + timeout_);
       op.body(c);
       transport_->check_no_stray_frames(op.identity.seq);
@@ -413,11 +411,6 @@ void Communicator::stop(bool abort) {
   thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
   if (abort && !error_) error_ = aborted;
-}
-
-std::exception_ptr Communicator::error() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return error_;
 }
 
 }  // namespace mccl

@@ -30,7 +30,7 @@
 #include "issue_order.h"
 #include "stats.h"
 #include "store.h"
-#include "transport.h"
+#include "transport/transport.h"
 #include "work.h"
 
 namespace mccl {
@@ -89,8 +89,6 @@ class Communicator {
   void abort();
   // Lets queued work finish (up to the timeout), then stops the thread and closes the sockets.
   void shutdown();
-  // The fatal error, if any (nullptr while healthy).
-  std::exception_ptr error() const;
   uint64_t collectives_issued() const;
   // The traffic counters (stats.h): cheap to read from any thread.
   CommStats::Snapshot stats() const { return stats_.snapshot(); }
@@ -126,6 +124,9 @@ class Communicator {
 
   std::mutex stop_mu_;  // serialises abort() / shutdown() joining the thread
   mutable std::mutex mu_;
+  // The progress thread sleeps on cv_ only after a fatal error, until stop(), a p2p command or a collective
+  // comes. enqueue() needs no notify: it adds under mu_ only while error_ is unset, and the thread checks
+  // the queue under mu_ before it sleeps.
   std::condition_variable cv_;
   std::shared_ptr<IssueOrder> order_;                // collectives not yet started, and their order
   std::deque<std::function<void()>> commands_;       // p2p posts, run from the progress loop

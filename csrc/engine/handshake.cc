@@ -34,7 +34,6 @@ Handshake::Handshake(HandshakeRole role, const std::string& secret, uint64_t com
   mine_.role = static_cast<uint16_t>(role);
   mine_.lane = static_cast<uint16_t>(lanes.lane);
   mine_.nsocks = static_cast<uint16_t>(lanes.nsocks);
-  mine_.chunk_bytes = lanes.chunk_bytes;
   mine_.rd_max_bytes = lanes.rd_max_bytes;
   mine_.algo = lanes.algo;
   for (int i = 0; i < 4; ++i) mine_.selection[i] = static_cast<uint8_t>(lanes.selection >> (8 * i));
@@ -134,9 +133,6 @@ void Handshake::on_hello() {
   if (theirs_.nsocks != mine_.nsocks)
     return fail("it has MCCL_NSOCKS=" + std::to_string(theirs_.nsocks) + ", this rank " + std::to_string(mine_.nsocks) +
                 ": set the same value on every host");
-  if (theirs_.chunk_bytes != mine_.chunk_bytes)
-    return fail("it has MCCL_CHUNK_BYTES=" + std::to_string(theirs_.chunk_bytes) + ", this rank " +
-                std::to_string(mine_.chunk_bytes) + ": set the same value on every host");
   if (theirs_.rd_max_bytes != mine_.rd_max_bytes)
     return fail("it has MCCL_RD_MAX_BYTES=" + std::to_string(theirs_.rd_max_bytes) + ", this rank " +
                 std::to_string(mine_.rd_max_bytes) + ": set the same value on every host");

@@ -27,11 +27,11 @@
 
 namespace mccl {
 
-// Which connection between two ranks this is, and the settings both ends must share (see Hello).
+// Which connection between two ranks this is, how many there are, and the settings that choose an
+// allreduce's schedule (see Hello).
 struct LaneSpec {
   int lane = 0;   // a connector's lane; an acceptor learns it from the Hello (peer_lane())
   int nsocks = 1;
-  uint32_t chunk_bytes = 0;
   uint64_t rd_max_bytes = 0;
   uint8_t algo = 0;
   uint32_t selection = 0;  // selection_digest: the other collectives' algorithm settings

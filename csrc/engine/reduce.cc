@@ -15,14 +15,9 @@ namespace mccl {
 namespace {
 
 template <class C, class Op>
-void erased3(void* out, const void* a, const void* b, size_t n, int64_t) {
-  using S = typename C::Storage;
-  kernel3<C, Op>(static_cast<S*>(out), static_cast<const S*>(a), static_cast<const S*>(b), n);
-}
-template <class C, class Op, bool Swap>
 void erased_into(void* dst, const void* src, const void*, size_t n, int64_t) {
   using S = typename C::Storage;
-  kernel_into<C, Op, Swap>(static_cast<S*>(dst), static_cast<const S*>(src), n);
+  kernel_into<C, Op>(static_cast<S*>(dst), static_cast<const S*>(src), n);
 }
 template <class C>
 void erased_divide(void* buf, const void*, const void*, size_t n, int64_t divisor) {
@@ -30,43 +25,35 @@ void erased_divide(void* buf, const void*, const void*, size_t n, int64_t diviso
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Dispatch: (dtype, op, buffer layout) -> kernel, once per call.
-
-enum class Mode { kThree, kInto, kIntoSwapped };
+// Dispatch: (dtype, op) -> kernel, once per call.
 
 template <class C, template <class> class Op>
-Kernel pick_mode(Mode mode) {
-  using O = Op<typename C::Compute>;
-  switch (mode) {
-    case Mode::kThree: return &erased3<C, O>;
-    case Mode::kInto: return &erased_into<C, O, false>;
-    case Mode::kIntoSwapped: return &erased_into<C, O, true>;
-  }
-  return nullptr;
+Kernel pick_op() {
+  return &erased_into<C, Op<typename C::Compute>>;
 }
 
 template <class C>
-Kernel pick_for(ReduceOp op, Mode mode) {
+Kernel pick_for(ReduceOp op) {
   if constexpr (std::is_same_v<typename C::Compute, bool>) {
     switch (op) {  // logical: SUM/MAX/BOR = or, PRODUCT/MIN/BAND = and
-      case ReduceOp::kSum: case ReduceOp::kMax: case ReduceOp::kBor: return pick_mode<C, BitOr>(mode);
-      case ReduceOp::kProduct: case ReduceOp::kMin: case ReduceOp::kBand: return pick_mode<C, BitAnd>(mode);
-      case ReduceOp::kBxor: return pick_mode<C, BitXor>(mode);
+      case ReduceOp::kSum: case ReduceOp::kMax: case ReduceOp::kBor: return pick_op<C, BitOr>();
+      case ReduceOp::kProduct: case ReduceOp::kMin: case ReduceOp::kBand: return pick_op<C, BitAnd>();
+      case ReduceOp::kBxor: return pick_op<C, BitXor>();
       default: return nullptr;
     }
   } else {
     switch (op) {
-      case ReduceOp::kSum: case ReduceOp::kAvg: return pick_mode<C, Sum>(mode);
-      case ReduceOp::kProduct: return pick_mode<C, Product>(mode);
-      case ReduceOp::kMin: return pick_mode<C, Min>(mode);
-      case ReduceOp::kMax: return pick_mode<C, Max>(mode);
+      case ReduceOp::kSum: case ReduceOp::kAvg: return pick_op<C, Sum>();
+      case ReduceOp::kProduct: return pick_op<C, Product>();
+      case ReduceOp::kMin: return pick_op<C, Min>();
+      case ReduceOp::kMax: return pick_op<C, Max>();
       default: break;
     }
     if constexpr (std::is_integral_v<typename C::Compute>) {
       switch (op) {
-        case ReduceOp::kBand: return pick_mode<C, BitAnd>(mode);
-        case ReduceOp::kBor: return pick_mode<C, BitOr>(mode);
-        case ReduceOp::kBxor: return pick_mode<C, BitXor>(mode);
+        case ReduceOp::kBand: return pick_op<C, BitAnd>();
+        case ReduceOp::kBor: return pick_op<C, BitOr>();
+        case ReduceOp::kBxor: return pick_op<C, BitXor>();
         default: break;
       }
     }
@@ -91,8 +78,8 @@ Kernel with_codec(DataType dtype, F&& f) {
   return nullptr;
 }
 
-Kernel pick_reduce(DataType dtype, ReduceOp op, Mode mode) {
-  Kernel k = with_codec(dtype, [&](auto codec) { return pick_for<decltype(codec)>(op, mode); });
+Kernel pick_reduce(DataType dtype, ReduceOp op) {
+  Kernel k = with_codec(dtype, [&](auto codec) { return pick_for<decltype(codec)>(op); });
   if (k == nullptr) fail(Error::Kind::kInternal, "no kernel for ", op_name(op), " on ", dtype_name(dtype));
   return k;
 }
@@ -156,27 +143,9 @@ void reduce_into(void* dst, const void* src, size_t count, DataType dtype, Reduc
   require_supported(dtype, op);
   if (count == 0) return;
   size_t elem = check_buffers("reduce_into", count, dtype, dst && src);
-  if (dst == src) return reduce_self(pick_reduce(dtype, op, Mode::kInto), dst, count, elem);
+  if (dst == src) return reduce_self(pick_reduce(dtype, op), dst, count, elem);
   MCCL_CHECK_ARG(!overlaps(dst, src, count * elem), "reduce_into: dst and src overlap partially");
-  run_split(pick_reduce(dtype, op, Mode::kInto), dst, src, nullptr, count, elem, 0);
-}
-
-void reduce3(void* out, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op) {
-  require_supported(dtype, op);
-  if (count == 0) return;
-  size_t elem = check_buffers("reduce3", count, dtype, out && a && b);
-  size_t bytes = count * elem;
-  if (out == a && out == b) return reduce_self(pick_reduce(dtype, op, Mode::kInto), out, count, elem);
-  if (out == a) {
-    MCCL_CHECK_ARG(!overlaps(out, b, bytes), "reduce3: out and b overlap partially");
-    return run_split(pick_reduce(dtype, op, Mode::kInto), out, b, nullptr, count, elem, 0);
-  }
-  if (out == b) {
-    MCCL_CHECK_ARG(!overlaps(out, a, bytes), "reduce3: out and a overlap partially");
-    return run_split(pick_reduce(dtype, op, Mode::kIntoSwapped), out, a, nullptr, count, elem, 0);
-  }
-  MCCL_CHECK_ARG(!overlaps(out, a, bytes) && !overlaps(out, b, bytes), "reduce3: out overlaps an input");
-  run_split(pick_reduce(dtype, op, Mode::kThree), out, a, b, count, elem, 0);
+  run_split(pick_reduce(dtype, op), dst, src, nullptr, count, elem, 0);
 }
 
 void divide_by(void* buf, size_t count, DataType dtype, int64_t divisor) {

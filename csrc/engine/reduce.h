@@ -17,9 +17,6 @@ namespace mccl {
 // Throws Error kInvalidArgument (message naming op and dtype) when the pair is unsupported.
 void reduce_into(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op);
 
-// out[i] = a[i] OP b[i]; out may alias a or b. Same rules as reduce_into.
-void reduce3(void* out, const void* a, const void* b, size_t count, DataType dtype, ReduceOp op);
-
 // buf[i] /= divisor (for kAvg): floating types divide in float (half types through float32, round to
 // nearest even), integer types use truncating integer division (like NCCL); bool is unsupported for avg.
 // divisor must be positive.

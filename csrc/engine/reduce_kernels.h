@@ -191,22 +191,11 @@ struct BitXor {
 // ---------------------------------------------------------------------------------------------------
 // Kernels (the only loops over elements).
 
-// out[i] = a[i] OP b[i]; out overlaps neither input (a and b may be equal: they are only read).
+// dst[i] = dst[i] OP src[i].
 template <class C, class Op>
-MCCL_TARGET_CLONES void kernel3(typename C::Storage* __restrict out, const typename C::Storage* __restrict a,
-                                const typename C::Storage* __restrict b, size_t n) {
-  for (size_t i = 0; i < n; ++i) out[i] = C::store(Op::apply(C::load(a[i]), C::load(b[i])));
-}
-
-// dst[i] = dst[i] OP src[i], or src[i] OP dst[i] when Swap (reduce3 with out == b keeps operand order).
-template <class C, class Op, bool Swap>
 MCCL_TARGET_CLONES void kernel_into(typename C::Storage* __restrict dst,
                                     const typename C::Storage* __restrict src, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    auto d = C::load(dst[i]);
-    auto s = C::load(src[i]);
-    dst[i] = C::store(Swap ? Op::apply(s, d) : Op::apply(d, s));
-  }
+  for (size_t i = 0; i < n; ++i) dst[i] = C::store(Op::apply(C::load(dst[i]), C::load(src[i])));
 }
 
 // buf[i] /= divisor: floating types divide in their compute type, integers truncate toward zero.

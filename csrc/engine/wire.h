@@ -18,10 +18,11 @@ namespace mccl {
 
 constexpr uint32_t kMagic = 0x4C43434D;  // "MCCL" in memory on little-endian hosts
 // 1: Hello without authentication. 2: nonce in the Hello, Proof messages, heartbeat control frames.
-// 3: several connections per peer (MCCL_NSOCKS): the Hello names its lane and carries the settings that
-// decide which frames travel where (MCCL_NSOCKS, MCCL_CHUNK_BYTES, MCCL_ALGO, MCCL_RD_MAX_BYTES), so
-// ranks that differ fail when they connect instead of waiting on a lane for a frame that never comes.
-constexpr uint16_t kProtocolVersion = 3;
+// 3: several connections per peer (MCCL_NSOCKS), a frame on one of them, lanes part of the matching.
+// 4: lanes below matching: a frame's header travels on lane 0 and its payload is split across the lanes
+// (transport/peer.h), each lane's share after a LaneHeader; the Hello no longer carries MCCL_CHUNK_BYTES
+// (ranks that differ now send frames the others' receives name as a mismatch).
+constexpr uint16_t kProtocolVersion = 4;
 
 enum class Channel : uint8_t {
   kCollective = 1,  // seq = the communicator's collective sequence number
@@ -73,6 +74,20 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 64, "FrameHeader must stay 64 bytes");
 
+// With MCCL_NSOCKS > 1, a frame's share on lanes 1..nsocks-1 starts with this: enough for the receiver to
+// check that the bytes are the share it computed from the frame's header (lane 0) before it reads them.
+struct LaneHeader {
+  uint32_t magic = kMagic;
+  uint16_t version = kProtocolVersion;
+  uint8_t channel = 0;
+  uint8_t lane = 0;
+  uint32_t src_rank = 0;
+  uint32_t reserved = 0;
+  uint64_t seq = 0;
+  uint64_t offset = 0;  // where the share starts in the frame's payload
+};
+static_assert(sizeof(LaneHeader) == 32, "LaneHeader must stay 32 bytes");
+
 // Which end of a connection a handshake message comes from: the higher rank connects, the lower accepts.
 enum class HandshakeRole : uint16_t { kConnector = 1, kAcceptor = 2 };
 
@@ -87,9 +102,12 @@ struct Hello {
   uint32_t rank = 0;
   uint32_t world_size = 0;
   uint8_t nonce[kNonceBytes] = {};  // fresh random bytes: the challenge the other end must sign
-  uint16_t lane = 0;         // which of the nsocks connections between the two ranks this is
-  uint16_t nsocks = 1;       // MCCL_NSOCKS
-  uint32_t chunk_bytes = 0;  // MCCL_CHUNK_BYTES
+  uint16_t lane = 0;    // which of the nsocks connections between the two ranks this is
+  uint16_t nsocks = 1;  // MCCL_NSOCKS: both ends split payloads across the same number of lanes
+  uint32_t reserved0 = 0;
+  // The settings that choose an allreduce's schedule (which peers each step talks to). Ranks that differ
+  // would each wait on a peer that sends elsewhere, with no frame meeting a receive it could be compared
+  // with, until the timeout; so they are refused when they connect.
   uint64_t rd_max_bytes = 0;  // MCCL_RD_MAX_BYTES
   uint8_t algo = 0;           // MCCL_ALGO (AlgoChoice)
   uint8_t selection[4] = {};  // selection_digest (algorithms/select.h), little-endian; 0: all defaults

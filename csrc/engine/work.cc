@@ -49,11 +49,6 @@ bool Work::wait_for(std::chrono::milliseconds timeout) {
   return true;
 }
 
-std::exception_ptr Work::error() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return error_;
-}
-
 void Work::finish(std::exception_ptr error, int source) {
   source_ = source;
   if (callback_) {

@@ -27,7 +27,6 @@ class Work {
   void wait(uint32_t spin_us = 0);
   // Like wait() but gives up after `timeout`: returns false then (the operation goes on).
   bool wait_for(std::chrono::milliseconds timeout);
-  std::exception_ptr error() const;
   // For a receive from any source: the rank it came from (-1 before completion).
   int source() const { return source_; }
 

@@ -41,17 +41,18 @@ class MemoryStore : public mccl::Store {
   std::map<std::string, std::string> data_;
 };
 
-// Runs fn(rank, comm) on `world` threads. Returns one message per rank ("" when that rank passed).
-inline std::vector<std::string> run_world(int world, const std::function<void(int, mccl::Communicator&)>& fn,
-                                          std::chrono::milliseconds timeout = std::chrono::seconds(30),
-                                          const mccl::Config& config = mccl::Config::global()) {
+// Runs fn(rank, comm) on `world` threads, rank r with configs[r]. Returns one message per rank ("" when
+// that rank passed).
+inline std::vector<std::string> run_world_configs(int world, const std::function<void(int, mccl::Communicator&)>& fn,
+                                                  std::chrono::milliseconds timeout,
+                                                  const std::vector<mccl::Config>& configs) {
   MemoryStore store(timeout);
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        mccl::Communicator comm(store, rank, world, timeout, "127.0.0.1", config);
+        mccl::Communicator comm(store, rank, world, timeout, "127.0.0.1", configs[rank]);
         fn(rank, comm);
       } catch (const std::exception& e) {
         errors[rank] = e.what();
@@ -61,6 +62,13 @@ inline std::vector<std::string> run_world(int world, const std::function<void(in
   }
   for (auto& t : threads) t.join();
   return errors;
+}
+
+// The same with one config for every rank.
+inline std::vector<std::string> run_world(int world, const std::function<void(int, mccl::Communicator&)>& fn,
+                                          std::chrono::milliseconds timeout = std::chrono::seconds(30),
+                                          const mccl::Config& config = mccl::Config::global()) {
+  return run_world_configs(world, fn, timeout, std::vector<mccl::Config>(world, config));
 }
 
 }  // namespace mccl_test

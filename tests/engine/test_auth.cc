@@ -219,20 +219,19 @@ TEST(handshake_names_both_protocol_versions) {
             "%s", connector.error().c_str());
 }
 
-// MCCL_NSOCKS, MCCL_CHUNK_BYTES, MCCL_ALGO, MCCL_RD_MAX_BYTES and the other collectives' algorithm settings
-// (their digest) decide which frames travel on which connection: ranks that differ are told so when they
-// connect, naming the variables.
-TEST(handshake_rejects_peers_with_other_frame_settings) {
+// Both ends split payloads across MCCL_NSOCKS lanes, and MCCL_ALGO / MCCL_RD_MAX_BYTES and the other
+// collectives' algorithm settings (their digest) choose which peers each step talks to: ranks that differ are
+// told so when they connect, naming the variable.
+TEST(handshake_rejects_peers_with_other_lane_or_schedule_settings) {
   const std::string secret = "0123456789abcdef-the-job-secret";
   struct Case {
     LaneSpec connector, acceptor;
     const char* expect;
-  } cases[] = {{{0, 2, 524288, 0, 0}, {0, 1, 524288, 0, 0}, "MCCL_NSOCKS=2"},
-               {{0, 2, 65536, 0, 0}, {0, 2, 524288, 0, 0}, "MCCL_CHUNK_BYTES=65536"},
-               {{0, 1, 524288, 0, 1}, {0, 1, 524288, 0, 0}, "MCCL_ALGO=ring"},
-               {{0, 1, 524288, 4096, 0}, {0, 1, 524288, 0, 0}, "MCCL_RD_MAX_BYTES=4096"},
-               {{0, 1, 524288, 0, 0, 0x1234}, {0, 1, 524288, 0, 0, 0}, "other algorithm settings (MCCL_BROADCAST_ALGO"},
-               {{3, 2, 524288, 0, 0}, {0, 2, 524288, 0, 0}, "lane 3 is out of range"}};
+  } cases[] = {{{0, 2, 0, 0}, {0, 1, 0, 0}, "MCCL_NSOCKS=2"},
+               {{0, 1, 0, 1}, {0, 1, 0, 0}, "MCCL_ALGO=ring"},
+               {{0, 1, 4096, 0}, {0, 1, 0, 0}, "MCCL_RD_MAX_BYTES=4096"},
+               {{0, 1, 0, 0, 0x1234}, {0, 1, 0, 0, 0}, "other algorithm settings (MCCL_BROADCAST_ALGO"},
+               {{3, 2, 0, 0}, {0, 2, 0, 0}, "lane 3 is out of range"}};
   for (const Case& c : cases) {
     Handshake connector(HandshakeRole::kConnector, secret, 42, 1, 2, 0, kNonceC, c.connector);
     Handshake acceptor(HandshakeRole::kAcceptor, secret, 42, 0, 2, -1, kNonceA, c.acceptor);
@@ -240,10 +239,9 @@ TEST(handshake_rejects_peers_with_other_frame_settings) {
     CHECK(!acceptor.finished() && !connector.finished());
     CHECK_MSG(contains(acceptor.error(), c.expect), "expected '%s' in '%s'", c.expect, acceptor.error().c_str());
   }
-  // Same settings, lane 1 of 2: both ends agree on the lane.
-  LaneSpec lane1{1, 2, 524288, 0, 0};
-  Handshake connector(HandshakeRole::kConnector, secret, 42, 1, 2, 0, kNonceC, lane1);
-  Handshake acceptor(HandshakeRole::kAcceptor, secret, 42, 0, 2, -1, kNonceA, {0, 2, 524288, 0, 0});
+  // Lane 1 of 2: both ends agree on the lane.
+  Handshake connector(HandshakeRole::kConnector, secret, 42, 1, 2, 0, kNonceC, {1, 2});
+  Handshake acceptor(HandshakeRole::kAcceptor, secret, 42, 0, 2, -1, kNonceA, {0, 2});
   exchange(connector, acceptor);
   CHECK_MSG(connector.finished() && acceptor.finished(), "%s / %s", connector.error().c_str(), acceptor.error().c_str());
   CHECK(acceptor.peer_lane() == 1 && connector.peer_lane() == 1);

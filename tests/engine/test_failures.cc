@@ -35,6 +35,25 @@ TEST(mismatched_collectives_name_both_sides) {
   for (auto& e : errors) CHECK_MSG(contains(e, "allreduce") && contains(e, "broadcast"), "%s", e.c_str());
 }
 
+// MCCL_CHUNK_BYTES sizes a ring's pieces. Ranks that differ send frames the others did not expect: with
+// the lanes below matching, that is a mismatch naming both sides on every rank, with any MCCL_NSOCKS (the
+// Hello no longer carries it).
+TEST(ranks_with_other_chunk_sizes_get_a_mismatch) {
+  std::vector<Config> configs(4, Config::global());
+  for (int r = 0; r < 4; ++r) {
+    configs[r].algo = AlgoChoice::kRing;
+    configs[r].chunk_bytes = r == 3 ? 4096 : 65536;
+  }
+  const auto start = Clock::now();
+  auto errors = mccl_test::run_world_configs(4, [](int, Communicator& comm) {
+    std::vector<float> buf(1 << 16, 1.0f);
+    comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum)->wait();
+  }, std::chrono::seconds(20), configs);
+  for (int r = 0; r < 4; ++r)
+    CHECK_MSG(contains(errors[r], "mismatch") && contains(errors[r], "allreduce"), "rank %d: %s", r, errors[r].c_str());
+  CHECK(Clock::now() - start < std::chrono::seconds(10));
+}
+
 TEST(a_broadcast_whose_root_differs_per_rank_is_a_mismatch) {
   // Both ranks believe they are the root, so both only send. The frame each one was sent is left unmatched:
   // at the end of the broadcast, or at the latest of the barrier (it arrives ahead of the barrier's frames).

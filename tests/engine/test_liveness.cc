@@ -14,7 +14,7 @@
 
 #include "check.h"
 #include "local_world.h"
-#include "transport.h"
+#include "transport/transport.h"
 
 using namespace mccl;
 using namespace std::chrono_literals;

@@ -215,19 +215,21 @@ Bytes random_buffer(DataType t, size_t n, std::mt19937_64& rng) {
   return b;
 }
 
-// Runs op(a, b) through reduce_into and reduce3 and checks both against the reference.
+// out = a OP b through reduce_into, on a copy of a.
+void reduce_copy(void* out, const void* a, const void* b, size_t n, DataType t, ReduceOp op) {
+  std::memcpy(out, a, n * mccl::dtype_size(t));
+  mccl::reduce_into(out, b, n, t, op);
+}
+
+// Runs op(a, b) through reduce_into and checks it against the reference.
 void check_pair(DataType t, ReduceOp op, const Bytes& a, const Bytes& b, size_t n, const char* label) {
   Bytes want = reference(t, op, a, b, n);
-  Bytes into = a;
-  mccl::reduce_into(into.data(), b.data(), n, t, op);
-  Bytes out(a.size(), 0xAB);
-  mccl::reduce3(out.data(), a.data(), b.data(), n, t, op);
-  for (const Bytes* got : {&into, &out}) {
-    size_t i = first_mismatch(t, *got, want, n);
-    CHECK_MSG(i == n, "%s %s %s n=%zu %s: element %zu: a=%s b=%s got %s want %s", label, mccl::dtype_name(t),
-              mccl::op_name(op), n, got == &into ? "reduce_into" : "reduce3", i, hex(t, a, i).c_str(),
-              hex(t, b, i).c_str(), hex(t, *got, i).c_str(), hex(t, want, i).c_str());
-  }
+  Bytes got = a;
+  mccl::reduce_into(got.data(), b.data(), n, t, op);
+  size_t i = first_mismatch(t, got, want, n);
+  CHECK_MSG(i == n, "%s %s %s n=%zu: element %zu: a=%s b=%s got %s want %s", label, mccl::dtype_name(t),
+            mccl::op_name(op), n, i, hex(t, a, i).c_str(), hex(t, b, i).c_str(), hex(t, got, i).c_str(),
+            hex(t, want, i).c_str());
 }
 
 Bytes halves(std::initializer_list<uint16_t> v) {
@@ -271,46 +273,30 @@ TEST(every_dtype_op_and_count_matches_reference) {
   }
 }
 
-TEST(aliasing_out_equals_a_or_b_or_both) {
+TEST(dst_equal_to_src_reduces_with_itself) {
   std::mt19937_64 rng(7);
   for (DataType t : kAllTypes) {
     for (ReduceOp op : kAllOps) {
       if (!mccl::op_supported(t, op)) continue;
       for (size_t n : {size_t(37), kLarge}) {
-        Bytes a = random_buffer(t, n, rng), b = random_buffer(t, n, rng);
-        Bytes want = reference(t, op, a, b, n), want_self = reference(t, op, a, a, n);
-        auto expect = [&](const Bytes& got, const Bytes& ref, const char* what) {
-          CHECK_MSG(first_mismatch(t, got, ref, n) == n, "%s %s %s n=%zu", what, mccl::dtype_name(t),
-                    mccl::op_name(op), n);
-        };
-        Bytes x = a;
-        mccl::reduce3(x.data(), x.data(), b.data(), n, t, op);
-        expect(x, want, "out==a");
-        Bytes y = b;
-        mccl::reduce3(y.data(), a.data(), y.data(), n, t, op);
-        expect(y, want, "out==b");
-        Bytes z = a;
-        mccl::reduce3(z.data(), z.data(), z.data(), n, t, op);
-        expect(z, want_self, "out==a==b");
+        Bytes a = random_buffer(t, n, rng);
+        Bytes want_self = reference(t, op, a, a, n);
         Bytes w = a;
         mccl::reduce_into(w.data(), w.data(), n, t, op);
-        expect(w, want_self, "reduce_into dst==src");
+        CHECK_MSG(first_mismatch(t, w, want_self, n) == n, "dst==src %s %s n=%zu", mccl::dtype_name(t),
+                  mccl::op_name(op), n);
       }
     }
   }
 }
 
-TEST(operand_order_kept_when_out_aliases_b) {
-  // min/max of +0 and -0 returns the second operand; aliasing must not swap operands.
+TEST(operand_order_is_dst_then_src) {
+  // min/max of +0 and -0 returns the second operand: reduce_into computes dst OP src, src second.
   Bytes a = typed<float>({0.0f, -0.0f}), b = typed<float>({-0.0f, 0.0f});
   for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax}) {
-    Bytes plain(8), x = a, y = b;
-    mccl::reduce3(plain.data(), a.data(), b.data(), 2, DataType::kFloat32, op);
-    mccl::reduce3(x.data(), x.data(), b.data(), 2, DataType::kFloat32, op);
-    mccl::reduce3(y.data(), a.data(), y.data(), 2, DataType::kFloat32, op);
-    CHECK(plain == b);
-    CHECK(x == plain);
-    CHECK(y == plain);
+    Bytes x = a;
+    mccl::reduce_into(x.data(), b.data(), 2, DataType::kFloat32, op);
+    CHECK(x == b);
   }
 }
 
@@ -322,12 +308,9 @@ TEST(unaligned_buffers) {
       size_t n = 517;
       Bytes a = random_buffer(t, n + off, rng), b = random_buffer(t, n + off, rng);
       Bytes want = reference(t, ReduceOp::kSum, a, b, n + off);
-      Bytes out(a.size());
       size_t skip = off * elem;
-      mccl::reduce3(out.data() + skip, a.data() + skip, b.data() + skip, n, t, ReduceOp::kSum);
       mccl::reduce_into(a.data() + skip, b.data() + skip, n, t, ReduceOp::kSum);
       auto tail = [&](const Bytes& x) { return Bytes(x.begin() + skip, x.end()); };
-      CHECK_MSG(first_mismatch(t, tail(out), tail(want), n) == n, "%s reduce3 +%zu", mccl::dtype_name(t), off);
       CHECK_MSG(first_mismatch(t, tail(a), tail(want), n) == n, "%s reduce_into +%zu", mccl::dtype_name(t), off);
     }
   }
@@ -343,11 +326,11 @@ TEST(nan_propagates_through_min_and_max) {
     for (size_t i = 0; i < n; ++i) store_float(t, a, i, av[i]), store_float(t, b, i, bv[i]);
     for (ReduceOp op : {ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kSum, ReduceOp::kProduct}) {
       Bytes out(a.size()), into = a;
-      mccl::reduce3(out.data(), a.data(), b.data(), n, t, op);
+      reduce_copy(out.data(), a.data(), b.data(), n, t, op);
       mccl::reduce_into(into.data(), b.data(), n, t, op);
       for (size_t i = 0; i < n; ++i) {
         const char* dt = mccl::dtype_name(t);
-        CHECK_MSG(std::isnan(load_float(t, out, i)), "reduce3 %s %s element %zu", dt, mccl::op_name(op), i);
+        CHECK_MSG(std::isnan(load_float(t, out, i)), "copy %s %s element %zu", dt, mccl::op_name(op), i);
         CHECK_MSG(std::isnan(load_float(t, into, i)), "reduce_into %s %s element %zu", dt, mccl::op_name(op), i);
       }
     }
@@ -359,14 +342,14 @@ TEST(bfloat16_rounds_ties_to_even_and_keeps_nan) {
   Bytes a = halves({0x3F80, 0x3F81, 0xBF80, 0xBF81, 0x7F7F, 0x3F80});
   Bytes b = halves({0x3B80, 0x3B80, 0xBB80, 0xBB80, 0x7F7F, 0x3380});  // last: 2^-24, far below half an ulp
   Bytes out(a.size());
-  mccl::reduce3(out.data(), a.data(), b.data(), 6, DataType::kBFloat16, ReduceOp::kSum);
+  reduce_copy(out.data(), a.data(), b.data(), 6, DataType::kBFloat16, ReduceOp::kSum);
   CHECK(out == halves({0x3F80, 0x3F82, 0xBF80, 0xBF82, 0x7F80, 0x3F80}));  // max + max overflows to Inf
   // NaN payloads of every shape stay NaN (a naive +0x7FFF rounding could carry a NaN into Inf or -0).
   Bytes nans = halves({0x7F81, 0x7FC0, 0xFFFF, 0x7FFF, 0xFF81});
   Bytes ones = halves({0x3F80, 0x3F80, 0x3F80, 0x3F80, 0x3F80});
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax}) {
     Bytes r(nans.size());
-    mccl::reduce3(r.data(), nans.data(), ones.data(), 5, DataType::kBFloat16, op);
+    reduce_copy(r.data(), nans.data(), ones.data(), 5, DataType::kBFloat16, op);
     for (size_t i = 0; i < 5; ++i) {
       CHECK_MSG(std::isnan(bf16_to_double(get<uint16_t>(r, i))), "op %s element %zu", mccl::op_name(op), i);
     }
@@ -382,7 +365,7 @@ TEST(float16_subnormals_and_infinities) {
   // sums: 2 subnormals; largest subnormal + smallest -> smallest normal; 65504 + 16 = tie -> Inf;
   // 65504 + 8 -> 65504; Inf + -Inf = NaN; Inf + 1 = Inf; -65504 - 16 -> -Inf; -tiny + tiny = +0.
   Bytes sum(a.size());
-  mccl::reduce3(sum.data(), a.data(), b.data(), 10, DataType::kFloat16, ReduceOp::kSum);
+  reduce_copy(sum.data(), a.data(), b.data(), 10, DataType::kFloat16, ReduceOp::kSum);
   uint16_t want_sum[] = {0x0002, 0x0400, 0x3800, 0x3800, 0x7C00, 0x7BFF, 0x7E00, 0x7C00, 0xFC00, 0x0000};
   for (size_t i = 0; i < 10; ++i) {
     uint16_t got = get<uint16_t>(sum, i);
@@ -392,7 +375,7 @@ TEST(float16_subnormals_and_infinities) {
   // products with 0.5: smallest subnormal * 0.5 is a tie between 0 and 2^-24 -> 0 (even);
   // 3 * 2^-24 * 0.5 is a tie between 1 and 2 (x 2^-24) -> 2.
   Bytes prod(a.size());
-  mccl::reduce3(prod.data(), a.data(), b.data(), 4, DataType::kFloat16, ReduceOp::kProduct);
+  reduce_copy(prod.data(), a.data(), b.data(), 4, DataType::kFloat16, ReduceOp::kProduct);
   CHECK(get<uint16_t>(prod, 0) == 0x0000);
   CHECK(get<uint16_t>(prod, 1) == 0x0000);  // 1023*2^-24 * 2^-24
   CHECK(get<uint16_t>(prod, 2) == 0x0000);
@@ -406,7 +389,7 @@ TEST(half_types_exhaustive_identity_and_rounding) {
     Bytes all(n * 2), one(n * 2), out(n * 2);
     uint16_t unit = t == DataType::kFloat16 ? 0x3C00 : 0x3F80;
     for (size_t i = 0; i < n; ++i) put<uint16_t>(all, i, uint16_t(i)), put<uint16_t>(one, i, unit);
-    mccl::reduce3(out.data(), all.data(), one.data(), n, t, ReduceOp::kProduct);
+    reduce_copy(out.data(), all.data(), one.data(), n, t, ReduceOp::kProduct);
     size_t bad = first_mismatch(t, out, all, n);
     CHECK_MSG(bad == n, "%s x*1 at 0x%04zx: got %s", mccl::dtype_name(t), bad, hex(t, out, bad).c_str());
     Bytes div = all, want(n * 2);
@@ -422,7 +405,7 @@ TEST(integers_wrap_around) {
   auto run = [](DataType t, ReduceOp op, Bytes a, const Bytes& b, const Bytes& want) {
     Bytes out(a.size());
     size_t n = a.size() / mccl::dtype_size(t);
-    mccl::reduce3(out.data(), a.data(), b.data(), n, t, op);
+    reduce_copy(out.data(), a.data(), b.data(), n, t, op);
     mccl::reduce_into(a.data(), b.data(), n, t, op);
     CHECK_MSG(out == want && a == want, "%s %s", mccl::dtype_name(t), mccl::op_name(op));
   };
@@ -453,7 +436,7 @@ TEST(bool_outputs_are_zero_or_one) {
                         {ReduceOp::kBxor, {0, 1, 0, 0, 1}}};
   for (const Want& w : wants) {
     Bytes out(5), into = a;
-    mccl::reduce3(out.data(), a.data(), b.data(), 5, DataType::kBool, w.op);
+    reduce_copy(out.data(), a.data(), b.data(), 5, DataType::kBool, w.op);
     mccl::reduce_into(into.data(), b.data(), 5, DataType::kBool, w.op);
     CHECK_MSG(out == w.v && into == w.v, "bool %s", mccl::op_name(w.op));
   }
@@ -503,15 +486,14 @@ TEST(op_supported_table) {
 }
 
 TEST(unsupported_pairs_throw_invalid_argument) {
-  float x[4] = {}, y[4] = {}, z[4] = {};
+  float x[4] = {}, y[4] = {};
   for (DataType t : kAllTypes) {
     for (ReduceOp op : kAllOps) {
       if (mccl::op_supported(t, op)) continue;
       std::string label = std::string(mccl::dtype_name(t)) + "/" + mccl::op_name(op);
       auto names = {mccl::op_name(op), mccl::dtype_name(t)};
       expect_invalid([&] { mccl::reduce_into(x, y, 1, t, op); }, names, label.c_str());
-      expect_invalid([&] { mccl::reduce3(z, x, y, 1, t, op); }, names, label.c_str());
-      expect_invalid([&] { mccl::reduce3(z, x, y, 0, t, op); }, names, label.c_str());
+      expect_invalid([&] { mccl::reduce_into(x, y, 0, t, op); }, names, label.c_str());
     }
   }
   const DataType f32 = DataType::kFloat32;
@@ -519,7 +501,6 @@ TEST(unsupported_pairs_throw_invalid_argument) {
   expect_invalid([&] { mccl::reduce_into(x, y, 1, DataType(42), sum); }, {"sum"}, "bad dtype");
   expect_invalid([&] { mccl::reduce_into(x, y, 1, f32, ReduceOp(77)); }, {"float32"}, "bad op");
   expect_invalid([&] { mccl::reduce_into(x, x + 1, 2, f32, sum); }, {"overlap"}, "partial overlap");
-  expect_invalid([&] { mccl::reduce3(x + 1, x, y, 2, f32, sum); }, {"overlap"}, "reduce3 partial overlap");
   expect_invalid([&] { mccl::reduce_into(nullptr, y, 1, f32, sum); }, {"null"}, "null");
   mccl::reduce_into(nullptr, nullptr, 0, f32, sum);  // empty: nothing to touch
 }

@@ -17,8 +17,8 @@
 
 #include "check.h"
 #include "local_world.h"
-#include "sender.h"
-#include "transport.h"
+#include "transport/sender.h"
+#include "transport/transport.h"
 
 using namespace mccl;
 using mccl_test::run_world;
@@ -40,13 +40,13 @@ struct Pipe {
   }
 };
 
-std::shared_ptr<Request> frame(std::vector<char>& payload, uint32_t step) {
+FrameCursor frame(std::vector<char>& payload, uint32_t step) {
   auto r = std::make_shared<Request>();
   r->header.step = step;
   r->header.length = payload.size();
   r->data = payload.data();
   r->length = payload.size();
-  return r;
+  return whole_frame(r);
 }
 
 bool read_exactly(int fd, void* data, size_t size) {
@@ -98,7 +98,7 @@ TEST(frames_arrive_whole_and_in_order) {
     }
   });
   // Half the frames up front, the rest while the first ones are on the wire.
-  std::vector<std::shared_ptr<Request>> requests;
+  std::vector<FrameCursor> requests;
   for (int k = 0; k < kFrames; ++k) {
     requests.push_back(frame(payloads[k], static_cast<uint32_t>(k)));
     if (k == kFrames / 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -118,9 +118,9 @@ TEST(a_frame_already_partly_sent_continues_where_it_stopped) {
   Sender sender(1, [] {}, std::chrono::microseconds(0));
   std::vector<char> payload(1000);
   for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i);
-  auto request = frame(payload, 3);
-  request->progress = sizeof(FrameHeader) + 100;  // the progress thread wrote the header and 100 bytes
-  sender.submit(0, pipe.writer, request);
+  FrameCursor segment = frame(payload, 3);
+  segment.progress = sizeof(FrameHeader) + 100;  // the progress thread wrote the header and 100 bytes
+  sender.submit(0, pipe.writer, segment);
   std::vector<char> got(900);
   CHECK(read_exactly(pipe.reader, got.data(), got.size()));
   CHECK(std::memcmp(got.data(), payload.data() + 100, 900) == 0);

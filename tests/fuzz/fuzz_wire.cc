@@ -20,7 +20,7 @@
 
 #include "error.h"
 #include "handshake.h"
-#include "transport.h"
+#include "transport/transport.h"
 #include "wire.h"
 
 namespace {

@@ -1,15 +1,16 @@
-// The sender: a thread that writes large frames (MCCL_SEND_THREAD_BYTES), so that the progress thread
+// The sender: a thread that writes large segments (MCCL_SEND_THREAD_BYTES), so that the progress thread
 // receives and reduces while they go out. Without it one thread pays for every kernel copy in turn:
 // on a ring step it sends a piece, then receives the next, then reduces it. With it the send of piece
 // k overlaps the receive and reduction of piece k+1, as Gloo's device thread overlaps its caller.
 //
-// Ownership: the progress thread keeps every frame in its pair's send queue and decides which ones the
-// sender writes (a large frame, and every frame queued behind one, so the order on the wire stays the
-// posting order). The sender writes them in order per peer, one socket at a time or several when some
-// would block, waiting in poll() on those sockets and its wake pipe. It never completes a request: it
-// counts finished frames per peer and calls `notify` (Transport::wake); the progress thread collects
-// the counts and completes the requests itself, so completion callbacks stay on one thread.
-// A socket error stops that peer's frames and is reported the same way.
+// Ownership: the progress thread keeps every segment (frame_cursor.h) in its lane's send queue and decides
+// which ones the sender writes (a large one, and every one queued behind it, so the order on the wire
+// stays the posting order). There is one sender per lane index, with a slot per peer. It writes each
+// slot's segments in order, through the same cursor (gather / advance) as the progress thread, one socket
+// at a time or several when some would block, waiting in poll() on those sockets and its wake pipe. It
+// never completes a request: it counts finished segments per slot and calls `notify` (Transport::wake);
+// the progress thread collects the counts and retires them itself (Peer::retire), so completion
+// callbacks stay on one thread. A socket error stops that slot and is reported the same way.
 #pragma once
 
 #include <atomic>
@@ -24,9 +25,9 @@
 #include <thread>
 #include <vector>
 
-namespace mccl {
+#include "transport/frame_cursor.h"
 
-struct Request;
+namespace mccl {
 
 class Sender {
  public:
@@ -38,37 +39,33 @@ class Sender {
   Sender(const Sender&) = delete;
   Sender& operator=(const Sender&) = delete;
 
-  // Hands over frame `request` for socket `fd`, written after the frames handed over before it in this
-  // slot; its first request->progress bytes (header, then payload) are already on the wire.
-  void submit(int slot, int fd, std::shared_ptr<Request> request);
+  // Hands over `segment` for socket `fd`, written after the segments handed over before it in this
+  // slot; its first segment.progress bytes are already on the wire.
+  void submit(int slot, int fd, FrameCursor segment);
 
   // Whether collect() has something: an atomic load, cheap enough for every progress round.
   bool has_news() const { return news_.load(std::memory_order_acquire); }
 
   struct Report {
-    size_t finished = 0;  // frames of this slot fully written since the last collect()
+    size_t finished = 0;  // segments of this slot fully written since the last collect()
     std::string error;    // the socket error that stopped this slot, if any
   };
   // Reports per slot (out is resized to the slot count; counts are added to).
   void collect(std::vector<Report>* out);
 
   // Stops writing and joins the thread. head_progress (if given) gets, per slot, the bytes written of
-  // the first frame it had not finished (0 if none). Idempotent; nothing is written afterwards.
+  // the first segment it had not finished (0 if none). Idempotent; nothing is written afterwards.
   void stop(std::vector<size_t>* head_progress = nullptr);
 
  private:
-  struct Job {
-    std::shared_ptr<Request> request;
-    size_t progress = 0;  // header+payload bytes written
-  };
   struct Slot {
     int fd = -1;
-    std::deque<Job> jobs;
+    std::deque<FrameCursor> jobs;
     size_t finished = 0;
     std::string error;
   };
   void run();
-  size_t write_some(Slot& slot, int fd, const std::vector<Job>& batch, std::string* error, bool* finished_any);
+  size_t write_some(Slot& slot, int fd, std::vector<FrameCursor>& batch, std::string* error, bool* finished_any);
 
   std::function<void()> notify_;
   std::mutex mu_;  // guards slots_ (jobs, finished, error), polling_, stop_
@@ -76,7 +73,7 @@ class Sender {
   bool polling_ = false;  // the thread is (about to be) blocked in poll(): submit() must write the pipe
   bool stop_ = false;
   std::atomic<bool> news_{false};
-  std::atomic<uint64_t> submitted_{0};  // frames handed over so far: what the idle spin watches
+  std::atomic<uint64_t> submitted_{0};  // segments handed over so far: what the idle spin watches
   std::chrono::microseconds spin_;
   int wake_read_ = -1, wake_write_ = -1;
   std::thread thread_;

@@ -1,4 +1,4 @@
-#include "sender.h"
+#include "transport/sender.h"
 
 #include <poll.h>
 #include <sys/uio.h>
@@ -11,11 +11,10 @@
 #include "error.h"
 #include "socket.h"
 #include "thread_name.h"
-#include "transport.h"
 
 namespace mccl {
 namespace {
-constexpr size_t kBatch = 8;  // frames per sendmsg (header and payload each take an iovec)
+constexpr size_t kBatch = kMaxIov / 2;  // segments per sendmsg (head and payload each take an iovec)
 
 void drain(int fd) {
   char buf[64];
@@ -39,14 +38,13 @@ Sender::~Sender() {
   ::close(wake_write_);
 }
 
-void Sender::submit(int slot, int fd, std::shared_ptr<Request> request) {
+void Sender::submit(int slot, int fd, FrameCursor segment) {
   bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Slot& s = slots_[slot];
     s.fd = fd;
-    const size_t progress = request->progress;
-    s.jobs.push_back(Job{std::move(request), progress});
+    s.jobs.push_back(std::move(segment));
     submitted_.fetch_add(1, std::memory_order_release);
     wake = polling_;
   }
@@ -85,22 +83,12 @@ void Sender::stop(std::vector<size_t>* head_progress) {
   }
 }
 
-// One sendmsg() with the batch's remaining bytes; the batch is the slot's first frames, copied under
-// mu_ (submit() may grow the queue meanwhile, but only this thread removes from it). Returns the bytes
-// written; frames it finished are popped and counted in the slot (*finished_any).
-size_t Sender::write_some(Slot& slot, int fd, const std::vector<Job>& batch, std::string* error, bool* finished_any) {
-  iovec iov[2 * kBatch];
-  int count = 0;
-  for (const Job& job : batch) {
-    const Request& r = *job.request;
-    size_t offset = job.progress;
-    if (offset < sizeof(FrameHeader)) {
-      iov[count++] = {reinterpret_cast<char*>(&job.request->header) + offset, sizeof(FrameHeader) - offset};
-      offset = sizeof(FrameHeader);
-    }
-    const size_t payload_done = offset - sizeof(FrameHeader);
-    if (payload_done < r.length) iov[count++] = {r.data + payload_done, r.length - payload_done};
-  }
+// One sendmsg() with the batch's remaining bytes; the batch is a copy of the slot's first segments, taken
+// under mu_ (submit() may grow the queue meanwhile, but only this thread removes from it). Returns the
+// bytes written; segments it finished are popped and counted in the slot (*finished_any).
+size_t Sender::write_some(Slot& slot, int fd, std::vector<FrameCursor>& batch, std::string* error, bool* finished_any) {
+  iovec iov[kMaxIov];
+  const int count = gather(batch.begin(), batch.end(), iov);
   size_t written = 0;
   try {
     written = Socket::send_some_on(fd, iov, count);
@@ -109,17 +97,10 @@ size_t Sender::write_some(Slot& slot, int fd, const std::vector<Job>& batch, std
     return 0;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  for (size_t left = written; left > 0;) {
-    Job& job = slot.jobs.front();
-    const size_t take = std::min(left, sizeof(FrameHeader) + job.request->length - job.progress);
-    job.progress += take;
-    left -= take;
-    if (job.progress == sizeof(FrameHeader) + job.request->length) {
-      slot.jobs.pop_front();
-      ++slot.finished;
-      *finished_any = true;
-    }
-  }
+  const size_t finished = advance(slot.jobs.begin(), written);
+  slot.jobs.erase(slot.jobs.begin(), slot.jobs.begin() + static_cast<std::ptrdiff_t>(finished));
+  slot.finished += finished;
+  *finished_any = *finished_any || finished > 0;
   return written;
 }
 
@@ -127,7 +108,7 @@ size_t Sender::write_some(Slot& slot, int fd, const std::vector<Job>& batch, std
 // for those sockets to drain (or for new frames, or stop()).
 void Sender::run() {
   std::vector<int> active;
-  std::vector<std::vector<Job>> batches(slots_.size());
+  std::vector<std::vector<FrameCursor>> batches(slots_.size());
   std::vector<int> batch_fds(slots_.size(), -1);
   std::vector<pollfd> fds;
   for (;;) {

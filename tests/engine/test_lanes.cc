@@ -1,0 +1,178 @@
+// Lanes below matching (transport/peer.h): over three connections per peer, a frame's payload is split
+// into shares that both ends compute from its header; frames of every size arrive whole, in order per
+// key, whether their receive was posted before, after, or while their bytes were arriving, with or
+// without the sender threads; and bytes on a lane that are not the share due there are a protocol error.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "check.h"
+#include "transport/transport.h"
+
+using namespace mccl;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int kLanes = 3;
+constexpr uint64_t kCommId = 77;
+const std::vector<std::string> kAddresses = {"10.0.0.1:5000", "10.0.0.4:5123"};
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// Socket pairs for the kLanes connections between rank 0 and rank 1: fds[lane][rank].
+struct Wires {
+  int fds[kLanes][2];
+  Wires() {
+    for (auto& pair : fds) {
+      if (::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0) fail(Error::Kind::kInternal, "socketpair failed");
+    }
+  }
+  std::vector<Socket> ends_of(int rank) {
+    std::vector<Socket> peers(2 * kLanes);
+    for (int lane = 0; lane < kLanes; ++lane) {
+      Socket& s = peers[(1 - rank) * kLanes + lane];
+      s = Socket(fds[lane][rank]);
+      s.configure_for_data(0);
+    }
+    return peers;
+  }
+};
+
+FrameHeader p2p(uint64_t tag) {
+  FrameHeader h;
+  h.channel = static_cast<uint8_t>(Channel::kPointToPoint);
+  h.kind = static_cast<uint8_t>(CollectiveKind::kSend);
+  h.seq = tag;
+  h.dtype = static_cast<uint8_t>(DataType::kUInt8);
+  return h;
+}
+
+std::vector<char> pattern(size_t size, int seed) {
+  std::vector<char> v(size);
+  for (size_t i = 0; i < size; ++i) v[i] = static_cast<char>((i * 131 + static_cast<size_t>(seed) * 7) >> 3);
+  return v;
+}
+
+void progress_both(Transport& a, Transport& b, const std::vector<RequestPtr>& until, Deadline deadline) {
+  auto all_done = [&] {
+    for (const auto& r : until) {
+      if (!r->done) return false;
+    }
+    return true;
+  };
+  while (!all_done()) {
+    CHECK(Clock::now() < deadline);
+    if (Clock::now() >= deadline) return;
+    a.progress(0);
+    b.progress(0);
+  }
+}
+
+void frames_of_every_size(bool sender_thread) {
+  Wires wires;
+  Transport t0(0, 2, kCommId, wires.ends_of(0), kAddresses, uint64_t(1) << 30, kLanes);
+  Transport t1(1, 2, kCommId, wires.ends_of(1), kAddresses, uint64_t(1) << 30, kLanes);
+  if (sender_thread) t1.set_send_thread(1);
+  const size_t sizes[] = {0, 1, kMinShareBytes - 1, kMinShareBytes, 2 * kMinShareBytes + 5, 40000, (1 << 20) + 3,
+                          (3 << 20) + 7, 100, 0, 65536};
+  const int n = static_cast<int>(sizeof(sizes) / sizeof(sizes[0]));
+  std::vector<std::vector<char>> sent, got;
+  for (int k = 0; k < n; ++k) sent.push_back(pattern(sizes[k], k)), got.emplace_back(sizes[k], '\0');
+  std::vector<RequestPtr> requests;
+  // Even tags are posted before anything is sent, odd ones after everything arrived (unexpected) or while
+  // it arrives; the 3 MiB frame is larger than the socket buffers, so its receive meets it mid-way.
+  for (int k = 0; k < n; k += 2) requests.push_back(t0.post_recv(1, p2p(k), got[k].data(), sizes[k]));
+  for (int k = 0; k < n; ++k) requests.push_back(t1.post_send(0, p2p(k), sent[k].data(), sizes[k]));
+  for (int round = 0; round < 4; ++round) t0.progress(0), t1.progress(0);
+  for (int k = 1; k < n; k += 2) requests.push_back(t0.post_recv(1, p2p(k), got[k].data(), sizes[k]));
+  progress_both(t0, t1, requests, Clock::now() + 20s);
+  for (int k = 0; k < n; ++k) CHECK_MSG(got[k] == sent[k], "frame %d (%zu bytes) differs", k, sizes[k]);
+}
+
+}  // namespace
+
+TEST(shares_cover_the_payload_from_lane_0_and_keep_small_frames_whole) {
+  FrameHeader h = p2p(0);
+  for (uint64_t length : {uint64_t(0), uint64_t(1), kMinShareBytes - 1, 2 * kMinShareBytes, uint64_t(1) << 20,
+                          (uint64_t(3) << 20) + 7}) {
+    h.length = length;
+    uint64_t covered = 0;
+    int used = 0;
+    for (int lane = 0; lane < kLanes; ++lane) {
+      const Span s = lane_span(h, kLanes, lane);
+      CHECK(s.begin == covered || s.size() == 0);
+      covered += s.size();
+      used += s.size() > 0;
+    }
+    CHECK_MSG(covered == length, "length %llu: shares cover %llu", (unsigned long long)length, (unsigned long long)covered);
+    CHECK(length >= kLanes * kMinShareBytes ? used == kLanes : length < kMinShareBytes ? used <= 1 : used >= 1);
+  }
+  h.channel = static_cast<uint8_t>(Channel::kControl);
+  h.length = 60000;
+  CHECK(lane_span(h, kLanes, 0).size() == 60000);  // control frames are never split
+}
+
+TEST(frames_of_every_size_arrive_whole_over_three_lanes) { frames_of_every_size(false); }
+
+TEST(the_same_through_the_sender_threads) { frames_of_every_size(true); }
+
+TEST(frames_with_the_same_key_match_in_order) {
+  Wires wires;
+  Transport t0(0, 2, kCommId, wires.ends_of(0), kAddresses, uint64_t(1) << 30, kLanes);
+  Transport t1(1, 2, kCommId, wires.ends_of(1), kAddresses, uint64_t(1) << 30, kLanes);
+  constexpr int kFrames = 6;
+  const size_t size = 300000;
+  std::vector<std::vector<char>> sent, got;
+  std::vector<RequestPtr> requests;
+  for (int k = 0; k < kFrames; ++k) sent.push_back(pattern(size, k + 1)), got.emplace_back(size, '\0');
+  for (int k = 0; k < kFrames; ++k) requests.push_back(t1.post_send(0, p2p(9), sent[k].data(), size));
+  for (int k = 0; k < kFrames; ++k) {
+    t0.progress(0), t1.progress(0);
+    requests.push_back(t0.post_recv(k % 2 ? kAnySource : 1, p2p(9), got[k].data(), size));
+  }
+  progress_both(t0, t1, requests, Clock::now() + 20s);
+  for (int k = 0; k < kFrames; ++k) CHECK_MSG(got[k] == sent[k], "receive %d got another frame's bytes", k);
+}
+
+TEST(bytes_that_are_not_the_share_due_on_a_lane_are_a_protocol_error) {
+  for (int variant = 0; variant < 2; ++variant) {
+    Wires wires;
+    Transport t0(0, 2, kCommId, wires.ends_of(0), kAddresses, uint64_t(1) << 30, kLanes);
+    std::vector<Socket> raw = wires.ends_of(1);  // rank 1, written by hand
+    FrameHeader h = p2p(5);
+    h.comm_id = kCommId;
+    h.src_rank = 1;
+    h.length = 3 * kMinShareBytes;
+    std::vector<char> payload = pattern(h.length, 3), got(h.length);
+    RequestPtr r = t0.post_recv(1, p2p(5), got.data(), got.size());
+    const Span first = lane_span(h, kLanes, 0), second = lane_span(h, kLanes, 1);
+    const Deadline deadline = Clock::now() + 5s;
+    raw[0].write_all(&h, sizeof(h), deadline, "lane 0");
+    raw[0].write_all(payload.data(), first.size(), deadline, "lane 0");
+    LaneHeader lh;
+    lh.channel = h.channel;
+    lh.lane = 1;
+    lh.src_rank = 1;
+    lh.seq = 5;
+    lh.offset = variant == 0 ? second.begin + 64 : second.begin;  // the wrong share, or garbage
+    if (variant == 1) lh.magic = 0x20544547;                      // "GET "
+    raw[1].write_all(&lh, sizeof(lh), deadline, "lane 1");
+    raw[1].write_all(payload.data() + second.begin, second.size(), deadline, "lane 1");
+    std::string error;
+    try {
+      t0.wait(r, Clock::now() + 5s);
+    } catch (const Error& e) {
+      CHECK(e.kind() == Error::Kind::kProtocol);
+      error = e.what();
+    }
+    CHECK_MSG(contains(error, "rank 1 (10.0.0.4:5123)") && contains(error, "lane 1 is out of step") &&
+                  contains(error, variant == 0 ? "offset" : "magic"),
+              "%s", error.c_str());
+  }
+}
+
+MCCL_TEST_MAIN
