@@ -31,14 +31,13 @@ AlgoChoice pick(const Config& c, CollectiveKind kind, int world, size_t bytes) {
 
 }  // namespace
 
-// The allreduce rows follow benchmarks/results/h200x2_algo_rd_vs_ring_W*.md: at 8 ranks 256 KiB is the ring
-// (rd measured 0.90x there), 128 KiB recursive doubling.
+// The allreduce rows follow benchmarks/results/h200_algos_W{4,8} and h200x2_algo_rd_vs_ring_W{16,24}.md.
 TEST(allreduce_follows_the_measured_crossovers) {
   const Config c;
   struct Row {
     int world;
     size_t last_rd;
-  } rows[] = {{2, 512 * KiB}, {4, 512 * KiB}, {8, 128 * KiB}, {16, 256 * KiB}, {24, 1 * MiB}, {64, 1 * MiB}};
+  } rows[] = {{2, 64 * KiB}, {4, 64 * KiB}, {8, 128 * KiB}, {16, 256 * KiB}, {24, 1 * MiB}, {64, 1 * MiB}};
   for (const Row& r : rows) {
     CHECK_MSG(pick(c, CollectiveKind::kAllreduce, r.world, r.last_rd) == AlgoChoice::kRecursiveDoubling, "world %d",
               r.world);
@@ -50,13 +49,17 @@ TEST(allreduce_follows_the_measured_crossovers) {
 
 TEST(each_collective_has_its_own_threshold_and_forcing) {
   Config c;
-  CHECK(pick(c, CollectiveKind::kBroadcast, 8, 64 * KiB) == AlgoChoice::kTree);
-  CHECK(pick(c, CollectiveKind::kBroadcast, 8, 128 * KiB) == AlgoChoice::kRing);
+  CHECK(pick(c, CollectiveKind::kBroadcast, 8, 128 * KiB) == AlgoChoice::kTree);
+  CHECK(pick(c, CollectiveKind::kBroadcast, 8, 256 * KiB) == AlgoChoice::kRing);
+  CHECK(pick(c, CollectiveKind::kBroadcast, 4, 512 * KiB) == AlgoChoice::kTree);
   CHECK(pick(c, CollectiveKind::kReduce, 8, 64 * KiB) == AlgoChoice::kTree);
+  CHECK(pick(c, CollectiveKind::kReduce, 8, 128 * KiB) == AlgoChoice::kRing);
+  CHECK(pick(c, CollectiveKind::kReduce, 4, 256 * KiB) == AlgoChoice::kTree);
   CHECK(pick(c, CollectiveKind::kAllgather, 8, 256 * KiB) == AlgoChoice::kBruck);
   CHECK(pick(c, CollectiveKind::kAllgather, 8, 512 * KiB) == AlgoChoice::kRing);
-  CHECK(pick(c, CollectiveKind::kReduceScatter, 8, 64 * KiB) == AlgoChoice::kRecursiveDoubling);
-  CHECK(pick(c, CollectiveKind::kReduceScatter, 8, 128 * KiB) == AlgoChoice::kRing);
+  CHECK(pick(c, CollectiveKind::kAllgather, 4, 128 * KiB) == AlgoChoice::kRing);
+  CHECK(pick(c, CollectiveKind::kReduceScatter, 8, 8 * KiB) == AlgoChoice::kRecursiveDoubling);
+  CHECK(pick(c, CollectiveKind::kReduceScatter, 8, 16 * KiB) == AlgoChoice::kRing);
   // The allreduce threshold no longer moves broadcast and reduce.
   c.rd_max_bytes = 4 * MiB;
   CHECK(pick(c, CollectiveKind::kBroadcast, 8, 1 * MiB) == AlgoChoice::kRing);

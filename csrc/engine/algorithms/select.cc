@@ -1,5 +1,5 @@
-// The algorithm table. Each entry cites the measurement it came from; entries marked "pending" keep a
-// default that no sweep has checked yet (benchmarks/gpu_host/algos.sh measures them all).
+// The algorithm table. Each entry cites the measurement it came from (benchmarks/gpu_host/algos.sh measures
+// them all again).
 #include "select.h"
 
 #include <climits>
@@ -22,24 +22,27 @@ struct Entry {
 constexpr AlgoChoice kRd = AlgoChoice::kRecursiveDoubling, kRing = AlgoChoice::kRing, kTree = AlgoChoice::kTree,
                      kBruck = AlgoChoice::kBruck;
 
-// Allreduce: benchmarks/results/h200x2_algo_rd_vs_ring_W*.md (benchmarks/allreduce.py --series
-// mccl:MCCL_ALGO=rd,mccl:MCCL_ALGO=ring, loopback on the 32-core GPU host, float32): the largest size at
-// which recursive doubling was still faster than the ring, and the next size, where it was not.
+// Two sweeps, both loopback on the GPU host, float32, with every latency-optimal algorithm forced against
+// every ring (the largest size at which the latency algorithm was still faster, then the next size):
+// - A: benchmarks/results/h200_algos_W{4,8}/ (benchmarks/gpu_host/algos.sh: 16 cores, 4 ranks x 4 cores and
+//   8 ranks x 2 cores, the user's case of several cores per rank);
+// - B: benchmarks/results/h200x2_algo_rd_vs_ring_W*.md (allreduce only, 32 cores, 16 and 24 ranks at about
+//   one core each).
+// Above 8 ranks the other collectives keep their 8-rank entry (not measured there).
 constexpr Entry kTable[] = {
-    {CollectiveKind::kAllreduce, 4, 512 * KiB, kRd, kRing, "W4.md: rd 1.97x faster at 512 KiB, 0.95x at 1 MiB"},
-    {CollectiveKind::kAllreduce, 8, 128 * KiB, kRd, kRing, "W8.md: rd 1.67x at 128 KiB, 0.90x at 256 KiB"},
-    {CollectiveKind::kAllreduce, 16, 256 * KiB, kRd, kRing, "W16.md: rd 2.11x at 256 KiB, 0.99x at 512 KiB"},
-    {CollectiveKind::kAllreduce, INT_MAX, 1 * MiB, kRd, kRing, "W24.md: rd 1.69x at 1 MiB, 0.92x at 2 MiB"},
-    // Pending: the former shared default of broadcast and reduce (64 KiB), never measured.
-    {CollectiveKind::kBroadcast, INT_MAX, 64 * KiB, kTree, kRing, "pending (algos.sh)"},
-    {CollectiveKind::kReduce, INT_MAX, 64 * KiB, kTree, kRing, "pending (algos.sh)"},
-    // Pending. Bruck moves the same bytes as the ring in ceil(log2 n) steps instead of n-1, plus one
-    // local copy of the output: it should win up to sizes where that copy costs more than n-1-log2(n)
-    // message latencies.
-    {CollectiveKind::kAllgather, INT_MAX, 256 * KiB, kBruck, kRing, "pending (algos.sh)"},
-    // Pending. Recursive doubling over the whole input sends log2(n) times the input, the ring (n-1)/n
-    // of it: about half the allreduce crossover.
-    {CollectiveKind::kReduceScatter, INT_MAX, 64 * KiB, kRd, kRing, "pending (algos.sh)"},
+    {CollectiveKind::kAllreduce, 4, 64 * KiB, kRd, kRing, "A W4: rd 1.30x at 64 KiB, 1.00x at 128 KiB"},
+    {CollectiveKind::kAllreduce, 8, 128 * KiB, kRd, kRing, "A W8: rd 1.08x at 128 KiB (1.12x at 256 KiB, but B W8 0.90x there)"},
+    {CollectiveKind::kAllreduce, 16, 256 * KiB, kRd, kRing, "B W16: rd 2.11x at 256 KiB, 0.99x at 512 KiB"},
+    {CollectiveKind::kAllreduce, INT_MAX, 1 * MiB, kRd, kRing, "B W24: rd 1.69x at 1 MiB, 0.92x at 2 MiB"},
+    {CollectiveKind::kBroadcast, 4, 512 * KiB, kTree, kRing, "A W4: tree 1.36x at 512 KiB, 0.97x at 1 MiB"},
+    {CollectiveKind::kBroadcast, INT_MAX, 128 * KiB, kTree, kRing, "A W8: tree 1.84x at 128 KiB, 0.90x at 256 KiB"},
+    {CollectiveKind::kReduce, 4, 256 * KiB, kTree, kRing, "A W4: tree 1.05x at 256 KiB, 0.94x at 512 KiB"},
+    {CollectiveKind::kReduce, INT_MAX, 64 * KiB, kTree, kRing, "A W8: tree 2.45x at 64 KiB, 0.53x at 128 KiB"},
+    {CollectiveKind::kAllgather, 4, 64 * KiB, kBruck, kRing, "A W4: bruck 1.16x at 64 KiB, 0.93x at 128 KiB"},
+    {CollectiveKind::kAllgather, INT_MAX, 256 * KiB, kBruck, kRing, "A W8: bruck 1.13x at 256 KiB, 0.97x at 512 KiB"},
+    // Recursive doubling over the whole input sends log2(n) times the input, the ring (n-1)/n of it.
+    {CollectiveKind::kReduceScatter, 4, 8 * KiB, kRd, kRing, "A W4: rd 1.13x at 8 KiB, 0.93x at 16 KiB"},
+    {CollectiveKind::kReduceScatter, INT_MAX, 8 * KiB, kRd, kRing, "A W8: rd 1.23x at 8 KiB, 0.94x at 16 KiB"},
 };
 
 const Entry* entry_for(CollectiveKind kind, int world) {
