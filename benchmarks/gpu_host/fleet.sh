@@ -3,12 +3,7 @@
 #   bash benchmarks/gpu_host/fleet.sh 1   CUDA tests; 8-host fleet stand-in at batch 32 and 8; bf16 sweeps
 #   bash benchmarks/gpu_host/fleet.sh 2   PowerSGD at batch 8; DDP settings at batch 8 and 32; CPU tests
 # (after benchmarks/gpu_host/prepare.sh here, with ".devtools" carried). Results under $OUT.
-set -x
-exec > >(tee "$OUT/log.txt") 2>&1
-B=565; L(){ local t=$((B-SECONDS)); [ $t -gt $1 ] && t=$1; [ $t -lt 1 ] && t=1; echo $t; }
-. .devtools/setup.sh || exit 1
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-R=$OUT/r; mkdir -p "$R"
+BUDGET=565; . benchmarks/gpu_host/common.sh
 F="python3 benchmarks/fleet_ddp.py --device cuda --rate 10gbit --steps 6 --warmup 2 --hosts 8"
 if [ "$1" = 1 ]; then
   timeout $(L 170) python3 -m pytest -v -p no:cacheprovider tests/torch/test_cuda_no_stall.py \

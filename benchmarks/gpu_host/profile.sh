@@ -1,14 +1,9 @@
 #!/usr/bin/env bash
-# Where the CPU goes in the 8-host fleet stand-in (docs/performance.md, "CPU profile of the training step"):
+# Where the CPU goes in the 8-host fleet stand-in (docs/performance.md, "Where the CPU goes"):
 # each launch runs one DDP series next to its compute-only series under thread_cpu.py, which samples every
 # thread of the ranks and the machine's busy cores. One device call of under 10 minutes, after
 # benchmarks/gpu_host/prepare.sh here, with ".devtools" carried. Results under $OUT (results.tgz, log.txt).
-set -x
-exec > >(tee "$OUT/log.txt") 2>&1
-B=570; L(){ local t=$((B-SECONDS)); [ $t -gt $1 ] && t=$1; [ $t -lt 1 ] && t=1; echo $t; }
-. .devtools/setup.sh || exit 1
-export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-R=$OUT/r; mkdir -p "$R"
+BUDGET=570; . benchmarks/gpu_host/common.sh
 S="python3 benchmarks/gpu_host/thread_cpu.py --match fleet_ddp.py --interval 0.5"
 F="python3 benchmarks/fleet_ddp.py --device cuda --rate 10gbit --steps 10 --warmup 2 --hosts 8 --timeout 110"
 run() {  # name batch series [VAR=value ...]
