@@ -130,3 +130,26 @@ def test_import_registers_lazily_and_a_failed_registration_only_warns():
     lines = proc.stdout.splitlines()
     assert lines[:2] == ["False", "False"], proc.stdout
     assert "the 'mccl' Lightning strategies were not registered" in lines[2], proc.stdout
+
+
+def test_options_reach_the_process_group(no_launch_env):
+    """`MCCLStrategy(options=...)` become the default group's pg_options, which the engine reads when the group
+    is made: a count with a byte suffix is refused there, naming the variable. The wire type stays compress='s."""
+    from lightning.fabric.plugins.environments import LightningEnvironment
+
+    from launch_env import free_port
+    from lightning_mccl import Options
+    from lightning_mccl.lightning import MCCLStrategy
+
+    with pytest.raises(ValueError, match=r"MCCL_WIRE_DTYPE is chosen by compress="):
+        MCCLStrategy(options={"MCCL_WIRE_DTYPE": "bf16"})
+    with pytest.raises(ValueError, match=r"'SPIN_US' is not an MCCL_\* variable name"):
+        MCCLStrategy(options={"SPIN_US": 0})
+    assert MCCLStrategy(options=Options(spin_us=0)).options.settings == {"MCCL_SPIN_US": "0"}
+
+    no_launch_env.setenv("MASTER_PORT", str(free_port()))
+    strategy = MCCLStrategy(parallel_devices=[torch.device("cpu")], cluster_environment=LightningEnvironment(),
+                            options=Options(spin_us="2K"), timeout=30)
+    with pytest.raises(Exception, match=r"MCCL_SPIN_US='2K' is not a whole number"):
+        strategy.setup_distributed()
+    assert not torch.distributed.is_initialized()

@@ -36,7 +36,7 @@ import re
 import signal
 import threading
 from datetime import timedelta
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, Literal, Mapping, Optional, Union
 
 import torch
 import torch.distributed
@@ -52,6 +52,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from .. import _backend  # importing the lightning_mccl package registered the "mccl" backend
+from ..options import Options
 from . import compress as _compress
 from . import mps_gate
 from .internals import checked
@@ -85,6 +86,9 @@ class MCCLStrategy(DDPStrategy):
             `DistributedDataParallel`, like any other keyword argument (`forward_sync_buffers`, ...).
         comm_metrics: True (default) adds a `CommMetrics` callback to fits (comm/* metrics in the loggers, the
             straggler report); False turns it off; a `CommMetrics(...)` instance is used as given.
+        options: the process group's settings (`lightning_mccl.Options(spin_us=0)` or a dict of MCCL_*
+            variables), given to `init_process_group` as `pg_options`; they override the environment for this
+            group (docs/settings.md). The wire type is `compress`'s, not an option.
     """
 
     strategy_name = "mccl"
@@ -110,8 +114,13 @@ class MCCLStrategy(DDPStrategy):
         gradient_as_bucket_view: bool = False,
         bucket_cap_mb: Optional[float] = None,
         comm_metrics: Union[bool, "CommMetrics"] = True,
+        options: Optional[Union[Options, Mapping[str, object]]] = None,
         **kwargs: Any,
     ) -> None:
+        options = Options(options.settings if isinstance(options, Options) else options)  # checks the names
+        if "MCCL_WIRE_DTYPE" in options.settings:
+            raise ValueError("MCCLStrategy(options=...): MCCL_WIRE_DTYPE is chosen by compress= (\"bf16\", \"fp16\"), "
+                             "not by the options")
         plan = _compress.plan(compress, compress_options, process_group_backend == BACKEND, ddp_comm_hook,
                               ddp_comm_wrapper, ddp_comm_state)
         ddp_comm_hook, ddp_comm_wrapper, ddp_comm_state = plan.hook, plan.wrapper, plan.state
@@ -147,6 +156,7 @@ class MCCLStrategy(DDPStrategy):
         self.compress_options = plan.options
         self._compress_plan = plan
         self.comm_metrics = comm_metrics
+        self.options = options
 
     def _uses_mccl(self) -> bool:
         return self._get_process_group_backend() == BACKEND
@@ -175,7 +185,9 @@ class MCCLStrategy(DDPStrategy):
         self._choose_compression()
         _compress.set_engine_wire(self._compress_plan.wire)  # read by the engine when the group starts
         created = not torch.distributed.is_initialized()
-        kwargs = {"store": self._rendezvous()} if created else {}
+        kwargs = {}
+        if created:
+            kwargs = {"store": self._rendezvous(), "pg_options": self.options if self.options.settings else None}
         # No device_id: MCCL needs no device binding, and a bound default group binds every later group too.
         _init_dist_connection(self.cluster_environment, BACKEND, timeout=self._timeout, **kwargs)
         if created:
