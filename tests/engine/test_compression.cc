@@ -3,7 +3,6 @@
 // that compresses while its peer does not failing with an error that names the setting.
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <thread>
 #include <vector>
 
@@ -19,9 +18,14 @@ namespace {
 // The unit roundoff of the wire type: relative error of one rounding to nearest.
 double unit_roundoff(DataType wire) { return wire == DataType::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11); }
 
+// Uniform in [-4, 4), a pure function of (rank, i): splitmix64 of the pair, so each element costs a few
+// multiplications (a generator seeded per element made this test slow under the sanitizers).
 float input(int rank, size_t i) {
-  std::mt19937 gen(static_cast<uint32_t>(rank * 7919 + i));
-  return std::uniform_real_distribution<float>(-4.0f, 4.0f)(gen);
+  uint64_t z = (static_cast<uint64_t>(rank) << 40) + i + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-53 * 8.0 - 4.0);
 }
 
 Config compressed(DataType wire, AlgoChoice algo, size_t chunk_bytes = 64) {
@@ -68,40 +72,54 @@ TEST(conversion_kernels_match_scalar_rounding) {
 }
 
 TEST(compressed_allreduce_is_bounded_and_identical_on_every_rank) {
+  // Small counts in 64-byte pieces (several per ring segment); 40000 floats through the ring in 16 KiB pieces
+  // (8192 compressed floats, longer than the widening tile). One world per piece size runs all its counts.
+  struct Batch {
+    size_t chunk_bytes;
+    std::vector<size_t> counts;
+    bool ring_only;
+  };
+  const Batch batches[] = {{64, {1, 7, 1000}, false}, {16384, {40000}, true}};
   for (DataType wire : {DataType::kBFloat16, DataType::kFloat16}) {
     for (AlgoChoice algo : {AlgoChoice::kRing, AlgoChoice::kRecursiveDoubling}) {
       for (int world : {2, 3, 4, 5}) {
-        // 40000 floats through the ring in 16 KiB pieces (8192 compressed floats, longer than the widening tile)
-        for (size_t count : {size_t(1), size_t(7), size_t(1000), size_t(40000)}) {
-          if (count > 1000 && algo != AlgoChoice::kRing) continue;
-          Results results;
-          results.of_rank.resize(world);
+        for (const Batch& batch : batches) {
+          if (batch.ring_only && algo != AlgoChoice::kRing) continue;
+          std::vector<Results> results(batch.counts.size());
+          for (Results& r : results) r.of_rank.resize(world);
           auto errors = run_world(world, [&](int rank, Communicator& comm) {
-            std::vector<float> buf(count);
-            for (size_t i = 0; i < count; ++i) buf[i] = input(rank, i);
-            comm.allreduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum)->wait();
-            std::lock_guard<std::mutex> lock(results.mu);
-            results.of_rank[rank] = buf;
-          }, std::chrono::seconds(30), compressed(wire, algo, count > 1000 ? 16384 : 64));
+            for (size_t k = 0; k < batch.counts.size(); ++k) {
+              const size_t count = batch.counts[k];
+              std::vector<float> buf(count);
+              for (size_t i = 0; i < count; ++i) buf[i] = input(rank, i);
+              comm.allreduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum)->wait();
+              std::lock_guard<std::mutex> lock(results[k].mu);
+              results[k].of_rank[rank] = buf;
+            }
+          }, std::chrono::seconds(30), compressed(wire, algo, batch.chunk_bytes));
           for (int r = 0; r < world; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
           if (!errors[0].empty()) continue;
-          // Each partial sum is rounded at most once per hop (n-1 in the reduce-scatter or log2 steps, plus
-          // the inputs and the final rounding): error <= (n+1) u sum|x_i| to first order.
-          const double u = unit_roundoff(wire);
-          for (size_t i = 0; i < count; ++i) {
-            double exact = 0, magnitude = 0;
-            for (int r = 0; r < world; ++r) exact += input(r, i), magnitude += std::fabs(input(r, i));
-            float got = results.of_rank[0][i], as_wire = got;
-            round_float32_through(&as_wire, 1, wire);
-            CHECK_MSG(got == as_wire, "%s world %d: result %g is not a %s value: the wire was not compressed",
-                      dtype_name(wire), world, got, dtype_name(wire));
-            double err = std::fabs(got - exact);
-            CHECK_MSG(err <= (world + 1) * u * magnitude * 1.01, "%s world %d count %zu i %zu: got %g want %g",
-                      dtype_name(wire), world, count, i, results.of_rank[0][i], exact);
+          for (size_t k = 0; k < batch.counts.size(); ++k) {
+            const size_t count = batch.counts[k];
+            const auto& of_rank = results[k].of_rank;
+            // Each partial sum is rounded at most once per hop (n-1 in the reduce-scatter or log2 steps, plus
+            // the inputs and the final rounding): error <= (n+1) u sum|x_i| to first order.
+            const double u = unit_roundoff(wire);
+            for (size_t i = 0; i < count; ++i) {
+              double exact = 0, magnitude = 0;
+              for (int r = 0; r < world; ++r) exact += input(r, i), magnitude += std::fabs(input(r, i));
+              float got = of_rank[0][i], as_wire = got;
+              round_float32_through(&as_wire, 1, wire);
+              CHECK_MSG(got == as_wire, "%s world %d: result %g is not a %s value: the wire was not compressed",
+                        dtype_name(wire), world, got, dtype_name(wire));
+              double err = std::fabs(got - exact);
+              CHECK_MSG(err <= (world + 1) * u * magnitude * 1.01, "%s world %d count %zu i %zu: got %g want %g",
+                        dtype_name(wire), world, count, i, of_rank[0][i], exact);
+            }
+            for (int r = 1; r < world; ++r)
+              CHECK_MSG(std::memcmp(of_rank[r].data(), of_rank[0].data(), count * sizeof(float)) == 0,
+                        "%s world %d count %zu: rank %d differs from rank 0", dtype_name(wire), world, count, r);
           }
-          for (int r = 1; r < world; ++r)
-            CHECK_MSG(std::memcmp(results.of_rank[r].data(), results.of_rank[0].data(), count * sizeof(float)) == 0,
-                      "%s world %d count %zu: rank %d differs from rank 0", dtype_name(wire), world, count, r);
         }
       }
     }
