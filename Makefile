@@ -45,15 +45,18 @@ demo: build
 
 # docs/performance.md's tables: mccl vs Gloo (and mpi4py when installed) in the same run, on $(NPROC)
 # local ranks; bench-fleet on an emulated 4-host switch (Linux, root). Results under runs/bench/.
+# The DDP step on CPU cores: ViT-Small on 32x32 images in 8x8 patches, 4 per rank (benchmarks/fleet_ddp.py).
+DDP_CPU := --device cpu --model vit_small_patch16_224 --img-size 32 --patch-size 8 --num-classes 10 --batch 4 \
+  --steps 20
 bench: build
 	$(PY) benchmarks/allreduce.py --nproc $(NPROC)
-	$(PY) benchmarks/ddp_vit.py --nproc 2 4
+	$(PY) benchmarks/fleet_ddp.py --nproc 2 4 $(DDP_CPU) --series compute,mccl,gloo
 
 bench-fleet: build
 	$(PY) benchmarks/allreduce.py --hosts 4 --rate 1gbit --min 16M --max 256M --step-factor 4 \
 	  --series mccl,mccl:MCCL_WIRE_DTYPE=bf16:label=mccl-bf16:rtol=3e-2,gloo
 	$(PY) benchmarks/allreduce.py --hosts 4 --rate 10gbit --min 4K --max 256M --step-factor 4
-	$(PY) benchmarks/ddp_vit.py --hosts 4 --rate 10gbit --series mccl,mccl:MCCL_WIRE_DTYPE=bf16:label=mccl-bf16,gloo
+	$(PY) benchmarks/fleet_ddp.py --hosts 4 --rate 10gbit $(DDP_CPU) --series compute,mccl,mccl-bf16,gloo
 
 # docs/reliability.md's figures: fault injection (kill, stop, mismatch, garbage) and the soak.
 reliability: build

@@ -4,6 +4,12 @@ emulated switch, with every way to send the gradients compared in the same proce
     python benchmarks/fleet_ddp.py --nproc 2 --device cpu --model vit_tiny_patch16_224 --img-size 32
     python benchmarks/fleet_ddp.py --hosts 8 --rate 10gbit --device cuda --batch 32 8     # GPU host (root)
     python benchmarks/fleet_ddp.py --hosts 8 --series compute,mccl,mccl:bucket=100,mccl:view:static
+    python benchmarks/fleet_ddp.py --nproc 2 4 --device cpu --model vit_small_patch16_224 --img-size 32 \
+        --patch-size 8 --num-classes 10 --batch 4 --series compute,mccl,gloo          # `make bench`: CPU cores
+
+The last: ViT-Small (21.4M parameters, 85.5 MB of float32 gradients per step) on 32x32 images in 8x8 patches,
+4 images per rank, computing on the CPU (one thread per rank): a forward/backward short next to the gradient
+traffic, as on a fleet of Macs whose GPUs compute a step far faster than these cores.
 
 Every rank computes on --device (cuda: all ranks share GPU 0, float32 with TF32 off, so that one rank computes
 at roughly the rate of one Mac's GPU; mps; cpu), on synthetic data, with the model built from the same seed
@@ -27,7 +33,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from ddp_vit import _kv  # noqa: E402
 from sweep import ddp_series, report  # noqa: E402
 from sweep.ddp_series import COMPUTE, DDPSeries  # noqa: E402
 
@@ -41,15 +46,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", type=int, nargs="+", default=None, help="emulated hosts, one rank each (Linux, root)")
     p.add_argument("--rate", default="10gbit", help="link rate of the emulated hosts (default: %(default)s)")
     p.add_argument("--burst", default=None, help="tbf bucket of the emulated links (default: by rate)")
+    p.add_argument("--switch", default=None, metavar="TAG", help="run on the emulated switch TAG that is up "
+                                                                 "(`mccl switch up`; one --nproc)")
     p.add_argument("--device", choices=("cuda", "mps", "cpu"), default="cpu")
     p.add_argument("--series", default=DEFAULT_SERIES, help="see sweep/ddp_series.py (default: %(default)s)")
     p.add_argument("--baseline", default="gloo", help="series the samples/s are compared with (default: gloo)")
     p.add_argument("--model", default="vit_base_patch16_224", help="timm model name (default: %(default)s)")
     p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--patch-size", type=int, default=None, help="ViT patch size (default: the model's)")
+    p.add_argument("--depth", type=int, default=None, help="number of blocks (default: the model's)")
     p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--batch", type=int, nargs="+", default=[8], help="samples per rank per step (default: 8)")
     p.add_argument("--steps", type=int, default=10, help="timed steps (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps, at least 2 (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps, at least 1; 2 with PowerSGD (default: %(default)s)")
     p.add_argument("--powersgd-rank", type=int, default=4, help="PowerSGD matrix rank (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default: %(default)s)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="for every rank; repeatable")
@@ -76,8 +85,12 @@ def main(argv=None) -> int:
     except ValueError as e:
         parser.error(str(e))
     counts = args.hosts or args.nproc or [2]
-    if min(counts) < 2 or args.warmup < 2:
-        parser.error("DDP needs at least 2 ranks, PowerSGD at least 2 warm-up steps")
+    if min(counts) < 2:
+        parser.error("DDP needs at least 2 ranks")
+    if args.warmup < (2 if any(s.hook == "powersgd" for s in series) else 1):
+        parser.error("--warmup: at least 1 step, 2 with PowerSGD (it compresses from the third step on)")
+    if args.switch and (len(counts) > 1 or args.hosts):
+        parser.error("--switch runs on the hosts that are up: give one --nproc, no --hosts")
     out = args.out or report.default_out_dir("fleet_ddp")
     os.makedirs(out, exist_ok=True)
 
@@ -85,14 +98,14 @@ def main(argv=None) -> int:
 
     rows, wheres, failed = [], [], []
     for n in counts:
-        with placement(n, n if args.hosts else None, args.rate, None, args.burst, log=log) as where:
+        with placement(n, n if args.hosts else None, args.rate, args.switch, args.burst, log=log) as where:
             wheres.append(where.describe())
             for batch in args.batch:
                 ref_path = os.path.abspath(os.path.join(out, f".ref-n{n}-b{batch}.pt"))
                 for k, group in enumerate(ddp_series.launches(series)):
-                    spec = {**{key: getattr(args, key) for key in ("model", "img_size", "num_classes", "steps",
-                                                                   "warmup", "threads", "pg_timeout", "device",
-                                                                   "powersgd_rank")},
+                    spec = {**{key: getattr(args, key) for key in ("model", "img_size", "patch_size", "depth",
+                                                                   "num_classes", "steps", "warmup", "threads",
+                                                                   "pg_timeout", "device", "powersgd_rank")},
                             "batch": batch, "series": [s.to_json() for s in group], "ref_path": ref_path,
                             "ref": getattr(ddp_series.reference(series), "label", None),
                             "result": os.path.abspath(os.path.join(out, f".n{n}-b{batch}-launch{k}.json"))}
@@ -124,13 +137,22 @@ def report_all(args, argv, out, rows, series, failed, wheres, log, quiet: bool) 
     rows = finish_rows(rows, [s.label for s in series], args.baseline, failed)
     info = next((r for r in rows if r.get("params")), {})
     header = report.machine_header(argv, "; ".join(dict.fromkeys(wheres)), {
-        "model": f"{args.model}, img {args.img_size}, {args.num_classes} classes: {info.get('params', 0) / 1e6:.2f}M "
-                 f"parameters, {info.get('grad_bytes', 0) / 1e6:.1f} MB of float32 gradients per step",
+        "model": f"{args.model}, img {args.img_size}{f', patch {args.patch_size}' if args.patch_size else ''}"
+                 f"{f', depth {args.depth}' if args.depth else ''}, {args.num_classes} classes: "
+                 f"{info.get('params', 0) / 1e6:.2f}M parameters, {info.get('grad_bytes', 0) / 1e6:.1f} MB of float32 "
+                 f"gradients per step",
         "step": f"on {args.device}{' (all ranks on GPU 0, fp32, TF32 off)' if args.device == 'cuda' else ''}, "
                 f"SGD (momentum 0.9), {args.warmup} warm-up + {args.steps} timed steps, {args.threads} torch "
                 f"thread(s) per rank"})
     write_outputs(out, rows, header, args.baseline, log, quiet=quiet)
     return rows
+
+
+def _kv(item: str):
+    k, sep, v = item.partition("=")
+    if not sep or not k:
+        raise ValueError(f"--env {item!r}: write KEY=VALUE")
+    return k, v
 
 
 class _EnvOnly:

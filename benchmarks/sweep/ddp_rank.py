@@ -31,8 +31,9 @@ def _model(spec: dict, device):
     import torch
 
     torch.manual_seed(0)
+    kwargs = {k: spec[k] for k in ("patch_size", "depth") if spec.get(k)}
     return timm.create_model(spec["model"], pretrained=False, img_size=spec["img_size"],
-                             num_classes=spec["num_classes"]).to(device)
+                             num_classes=spec["num_classes"], **kwargs).to(device)
 
 
 def _wrap(s: DDPSeries, model, group, spec: dict):
@@ -104,7 +105,8 @@ def worker(spec_path: str) -> int:
     for k, s in enumerate(series):
         row = {"model": spec["model"], "device": spec["device"], "world": world, "batch_per_rank": spec["batch"],
                "series": s.label, "backend": s.backend, "wire_dtype": s.wire, "hook": s.hook,
-               "ddp_options": " ".join(f"{a}={b}" for a, b in s.ddp.items()), "params": params,
+               "ddp_options": " ".join(f"{a}={b}" for a, b in s.ddp.items()),
+               "env": " ".join(f"{a}={b}" for a, b in s.extra_env), "params": params,
                "grad_bytes": grad_bytes, **summarize(times[:, k].tolist()), "compute_median_s": compute}
         if rank == 0 and s.backend != "none":
             row.update(_compare(s, _flat(models[s.label].module), start, spec))

@@ -6,21 +6,25 @@ engine, an optional DDP comm hook and DDP's own settings.
     mccl-bf16  mccl-fp16         mccl with MCCL_WIRE_DTYPE=bf16 / fp16 (the engine narrows float32 on the wire)
     mccl+bf16_hook               DDP comm hook: bf16_hook, fp16_hook (torch's compress hooks), powersgd
     mccl:bucket=100:view:static  DDP settings: bucket_cap_mb, gradient_as_bucket_view, static_graph
+    mccl:MCCL_NSOCKS=2           upper-case KEY=VALUE: an environment variable of the ranks (mccl series)
     ...:label=NAME               the label in the table (default: the text itself)
 
-A process group reads MCCL_WIRE_DTYPE when it is made and a launch makes one, so each wire type is a launch of its own (with its own
-compute series, so that every efficiency compares steps of the same processes). PowerSGD also gets a launch of
-its own: a failure there (its chained collectives, issue 10) loses that series only.
+A process group reads MCCL_WIRE_DTYPE and the other MCCL_* variables when it is made, and a launch makes one, so
+each set of variables is a launch of its own (with its own compute series, so that every efficiency compares
+steps of the same processes); Gloo joins the launch without any. PowerSGD also gets a launch of its own: a
+failure there (its chained collectives, issue 10) loses that series only.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 BACKENDS = ("mccl", "gloo")
 WIRE = {"bf16": "bf16", "fp16": "fp16"}
 HOOKS = ("bf16_hook", "fp16_hook", "powersgd")
 COMPUTE = "compute"
+_ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,7 @@ class DDPSeries:
     wire: str = ""  # MCCL_WIRE_DTYPE, "" = off
     hook: str = ""
     ddp: Dict[str, object] = field(default_factory=dict)  # DistributedDataParallel keyword arguments
+    extra_env: Tuple[Tuple[str, str], ...] = ()  # the ranks' other variables (KEY=VALUE options), sorted
 
     @property
     def compressed(self) -> bool:
@@ -37,15 +42,15 @@ class DDPSeries:
 
     @property
     def env(self) -> Dict[str, str]:
-        return {"MCCL_WIRE_DTYPE": self.wire} if self.wire else {}
+        return {**dict(self.extra_env), **({"MCCL_WIRE_DTYPE": self.wire} if self.wire else {})}
 
     def to_json(self) -> dict:
         return {"label": self.label, "backend": self.backend, "wire": self.wire, "hook": self.hook,
-                "ddp": dict(self.ddp)}
+                "ddp": dict(self.ddp), "env": dict(self.extra_env)}
 
     @classmethod
     def from_json(cls, d: dict) -> "DDPSeries":
-        return cls(d["label"], d["backend"], d["wire"], d["hook"], dict(d["ddp"]))
+        return cls(d["label"], d["backend"], d["wire"], d["hook"], dict(d["ddp"]), tuple(sorted(d["env"].items())))
 
 
 def parse(text: str) -> List[DDPSeries]:
@@ -53,12 +58,14 @@ def parse(text: str) -> List[DDPSeries]:
     out: List[DDPSeries] = []
     for item in [t.strip() for t in text.split(",") if t.strip()]:
         name, *opts = item.split(":")
-        label, ddp = item, {}
+        label, ddp, env = item, {}, {}
         for opt in opts:
             key, sep, value = opt.partition("=")
             try:
                 if key == "label" and sep:
                     label = value
+                elif _ENV_KEY.match(key) and sep and key != "MCCL_WIRE_DTYPE":
+                    env[key] = value
                 elif key == "bucket" and sep:
                     ddp["bucket_cap_mb"] = float(value)
                 elif key == "view" and not sep:
@@ -68,11 +75,11 @@ def parse(text: str) -> List[DDPSeries]:
                 else:
                     raise ValueError
             except ValueError:
-                raise ValueError(f"series {item!r}: bad option {opt!r} (label=NAME, bucket=MB, view, static)") \
-                    from None
+                raise ValueError(f"series {item!r}: bad option {opt!r} (label=NAME, bucket=MB, view, static, "
+                                 f"KEY=VALUE; the wire type is mccl-bf16 or mccl-fp16)") from None
         if name == COMPUTE:
-            if ddp:
-                raise ValueError(f"series {item!r}: compute has no DDP settings")
+            if ddp or env:
+                raise ValueError(f"series {item!r}: compute has no DDP settings or variables")
             out.append(DDPSeries(label, "none"))
             continue
         name, _, hook = name.partition("+")
@@ -83,7 +90,10 @@ def parse(text: str) -> List[DDPSeries]:
             raise ValueError(f"series {item!r}: wire compression is mccl-bf16 or mccl-fp16")
         if hook and hook not in HOOKS:
             raise ValueError(f"series {item!r}: unknown hook {hook!r} (use {', '.join(HOOKS)})")
-        out.append(DDPSeries(label, backend, WIRE.get(wire, ""), hook, ddp))
+        if env and backend != "mccl":
+            raise ValueError(f"series {item!r}: environment variables are for mccl series (Gloo shares their "
+                             f"launch only without any)")
+        out.append(DDPSeries(label, backend, WIRE.get(wire, ""), hook, ddp, tuple(sorted(env.items()))))
     labels = [s.label for s in out]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
@@ -94,15 +104,15 @@ def parse(text: str) -> List[DDPSeries]:
 
 
 def launches(series: Sequence[DDPSeries]) -> List[List[DDPSeries]]:
-    """The launches of the ranks: one per wire type, PowerSGD series alone; the compute series (when asked
-    for) in every launch. The first launch holds the first uncompressed series, the weights' reference."""
+    """The launches of the ranks: one per set of variables (wire type included), PowerSGD series alone; the
+    compute series (when asked for) in every launch. The first launch holds the first uncompressed series, the weights' reference."""
     compute = [s for s in series if s.backend == "none"]
     ddp = [s for s in series if s.backend != "none"]
     keys: List[tuple] = []
     groups: Dict[tuple, List[DDPSeries]] = {}
     ref = reference(series)
     for s in sorted(ddp, key=lambda s: s is not ref):
-        key = (s.wire, s.label if s.hook == "powersgd" else "")
+        key = (tuple(sorted(s.env.items())), s.label if s.hook == "powersgd" else "")
         if key not in groups:
             keys.append(key)
             groups[key] = []

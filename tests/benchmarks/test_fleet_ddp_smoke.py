@@ -1,7 +1,7 @@
-"""Smoke test of benchmarks/fleet_ddp.py: 2 CPU ranks on loopback, a tiny timm ViT, 2 timed steps, the exact
-series, a torch comm hook and the engine's bf16 wire compression (a launch of its own). Checks the harness
-(files, a row per series, efficiency against the compute series, weights against the reference within the
-tolerances), never the timings. The series parsing and launch grouping are checked in one process."""
+"""Smoke test of benchmarks/fleet_ddp.py: 2 CPU ranks on loopback, a one-block timm ViT in 8x8 patches, 2 timed
+steps, the exact series, a torch comm hook and the engine's bf16 wire compression (a launch of its own). Checks
+the harness (files, a row per series, efficiency against the compute series, weights against the reference
+within the tolerances), never the timings. The series parsing and launch grouping are checked in one process."""
 from __future__ import annotations
 
 import csv
@@ -15,7 +15,8 @@ from sweep import ddp_series
 def test_fleet_ddp_writes_table_and_weights_agree(tmp_path):
     out = tmp_path / "out"
     proc = run_script("fleet_ddp.py", "--nproc", 2, "--device", "cpu", "--model", "vit_tiny_patch16_224",
-                      "--img-size", 32, "--num-classes", 10, "--batch", 2, "--steps", 2, "--warmup", 2,
+                      "--img-size", 32, "--patch-size", 8, "--depth", 1, "--num-classes", 10, "--batch", 2,
+                      "--steps", 2, "--warmup", 1,
                       "--series", "compute,mccl,gloo,mccl+bf16_hook,mccl-bf16", "--out", out, "--timeout", 100,
                       timeout=150)
     assert proc.returncode == 0, explain(proc)
@@ -37,7 +38,7 @@ def test_fleet_ddp_writes_table_and_weights_agree(tmp_path):
     assert 0 < float(rows["mccl+bf16_hook"]["weights_rel_diff"])
     assert rows["gloo"]["vs_gloo"] == "" and float(rows["mccl"]["vs_gloo"]) > 0
     md = (out / "results.md").read_text()
-    assert "- model: vit_tiny_patch16_224, img 32, 10 classes" in md and "| 2 | 2 | mccl-bf16 |" in md
+    assert "- model: vit_tiny_patch16_224, img 32, patch 8, depth 1, 10 classes" in md and "| 2 | 2 | mccl-bf16 |" in md
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "efficiency" in proc.stdout_text
 
@@ -54,11 +55,18 @@ def test_series_parsing_and_launches():
     assert [[x.label for x in g] for g in ddp_series.launches(s)] == [
         ["compute", "mccl", "gloo", "big"], ["compute", "mccl-bf16"], ["compute", "mccl+powersgd"]]
     assert [x.label for x in ddp_series.launches(ddp_series.parse("mccl-bf16,gloo"))[0]] == ["gloo"]
+    # the ranks' variables: a launch per set, the wire type among them; Gloo with the series that set none
+    s = ddp_series.parse("gloo,mccl:MCCL_NSOCKS=2,mccl-bf16:MCCL_NSOCKS=2:label=b,mccl")
+    assert s[1].env == {"MCCL_NSOCKS": "2"} and s[2].env == {"MCCL_NSOCKS": "2", "MCCL_WIRE_DTYPE": "bf16"}
+    assert ddp_series.DDPSeries.from_json(s[2].to_json()) == s[2]
+    assert [[x.label for x in g] for g in ddp_series.launches(s)] == [["gloo", "mccl"], ["mccl:MCCL_NSOCKS=2"], ["b"]]
 
 
 @pytest.mark.parametrize("text, message", [
     ("nccl", "unknown backend 'nccl'"), ("gloo-bf16", "mccl-bf16 or mccl-fp16"), ("mccl+topk", "unknown hook"),
     ("mccl:bucket=x", "bad option 'bucket=x'"), ("mccl,mccl", "appear twice"), ("compute", "no DDP series"),
+    ("mccl:MCCL_WIRE_DTYPE=bf16", "the wire type is mccl-bf16"), ("gloo:MCCL_NSOCKS=2", "for mccl series"),
+    ("compute:MCCL_NSOCKS=2,mccl", "compute has no DDP settings or variables"),
 ])
 def test_series_errors(text, message):
     with pytest.raises(ValueError, match=message):
