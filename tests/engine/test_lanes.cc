@@ -10,10 +10,12 @@
 #include <vector>
 
 #include "check.h"
+#include "frame_headers.h"
 #include "transport/transport.h"
 
 using namespace mccl;
 using namespace std::chrono_literals;
+using mccl_test::p2p_header;
 
 namespace {
 
@@ -41,15 +43,6 @@ struct Wires {
     return peers;
   }
 };
-
-FrameHeader p2p(uint64_t tag) {
-  FrameHeader h;
-  h.channel = static_cast<uint8_t>(Channel::kPointToPoint);
-  h.kind = static_cast<uint8_t>(CollectiveKind::kSend);
-  h.seq = tag;
-  h.dtype = static_cast<uint8_t>(DataType::kUInt8);
-  return h;
-}
 
 std::vector<char> pattern(size_t size, int seed) {
   std::vector<char> v(size);
@@ -85,10 +78,10 @@ void frames_of_every_size(bool sender_thread) {
   std::vector<RequestPtr> requests;
   // Even tags are posted before anything is sent, odd ones after everything arrived (unexpected) or while
   // it arrives; the 3 MiB frame is larger than the socket buffers, so its receive meets it mid-way.
-  for (int k = 0; k < n; k += 2) requests.push_back(t0.post_recv(1, p2p(k), got[k].data(), sizes[k]));
-  for (int k = 0; k < n; ++k) requests.push_back(t1.post_send(0, p2p(k), sent[k].data(), sizes[k]));
+  for (int k = 0; k < n; k += 2) requests.push_back(t0.post_recv(1, p2p_header(k), got[k].data(), sizes[k]));
+  for (int k = 0; k < n; ++k) requests.push_back(t1.post_send(0, p2p_header(k), sent[k].data(), sizes[k]));
   for (int round = 0; round < 4; ++round) t0.progress(0), t1.progress(0);
-  for (int k = 1; k < n; k += 2) requests.push_back(t0.post_recv(1, p2p(k), got[k].data(), sizes[k]));
+  for (int k = 1; k < n; k += 2) requests.push_back(t0.post_recv(1, p2p_header(k), got[k].data(), sizes[k]));
   progress_both(t0, t1, requests, Clock::now() + 20s);
   for (int k = 0; k < n; ++k) CHECK_MSG(got[k] == sent[k], "frame %d (%zu bytes) differs", k, sizes[k]);
 }
@@ -96,7 +89,7 @@ void frames_of_every_size(bool sender_thread) {
 }  // namespace
 
 TEST(shares_cover_the_payload_from_lane_0_and_keep_small_frames_whole) {
-  FrameHeader h = p2p(0);
+  FrameHeader h = p2p_header(0);
   for (uint64_t length : {uint64_t(0), uint64_t(1), kMinShareBytes - 1, 2 * kMinShareBytes, uint64_t(1) << 20,
                           (uint64_t(3) << 20) + 7}) {
     h.length = length;
@@ -129,10 +122,10 @@ TEST(frames_with_the_same_key_match_in_order) {
   std::vector<std::vector<char>> sent, got;
   std::vector<RequestPtr> requests;
   for (int k = 0; k < kFrames; ++k) sent.push_back(pattern(size, k + 1)), got.emplace_back(size, '\0');
-  for (int k = 0; k < kFrames; ++k) requests.push_back(t1.post_send(0, p2p(9), sent[k].data(), size));
+  for (int k = 0; k < kFrames; ++k) requests.push_back(t1.post_send(0, p2p_header(9), sent[k].data(), size));
   for (int k = 0; k < kFrames; ++k) {
     t0.progress(0), t1.progress(0);
-    requests.push_back(t0.post_recv(k % 2 ? kAnySource : 1, p2p(9), got[k].data(), size));
+    requests.push_back(t0.post_recv(k % 2 ? kAnySource : 1, p2p_header(9), got[k].data(), size));
   }
   progress_both(t0, t1, requests, Clock::now() + 20s);
   for (int k = 0; k < kFrames; ++k) CHECK_MSG(got[k] == sent[k], "receive %d got another frame's bytes", k);
@@ -143,12 +136,12 @@ TEST(bytes_that_are_not_the_share_due_on_a_lane_are_a_protocol_error) {
     Wires wires;
     Transport t0(0, 2, kCommId, wires.ends_of(0), kAddresses, uint64_t(1) << 30, kLanes);
     std::vector<Socket> raw = wires.ends_of(1);  // rank 1, written by hand
-    FrameHeader h = p2p(5);
+    FrameHeader h = p2p_header(5);
     h.comm_id = kCommId;
     h.src_rank = 1;
     h.length = 3 * kMinShareBytes;
     std::vector<char> payload = pattern(h.length, 3), got(h.length);
-    RequestPtr r = t0.post_recv(1, p2p(5), got.data(), got.size());
+    RequestPtr r = t0.post_recv(1, p2p_header(5), got.data(), got.size());
     const Span first = lane_span(h, kLanes, 0), second = lane_span(h, kLanes, 1);
     const Deadline deadline = Clock::now() + 5s;
     raw[0].write_all(&h, sizeof(h), deadline, "lane 0");

@@ -13,11 +13,13 @@
 #include <vector>
 
 #include "check.h"
+#include "frame_headers.h"
 #include "local_world.h"
 #include "transport/transport.h"
 
 using namespace mccl;
 using namespace std::chrono_literals;
+using mccl_test::p2p_header;
 using mccl_test::run_world;
 
 namespace {
@@ -50,16 +52,6 @@ std::string progress_until(Transport& t, Clock::time_point until) {
     return e.what();
   }
   return "";
-}
-
-FrameHeader p2p_header(uint64_t tag, uint64_t count) {
-  FrameHeader h;
-  h.channel = static_cast<uint8_t>(Channel::kPointToPoint);
-  h.kind = static_cast<uint8_t>(CollectiveKind::kSend);
-  h.seq = tag;
-  h.dtype = static_cast<uint8_t>(DataType::kUInt8);
-  h.count = count;
-  return h;
 }
 
 }  // namespace

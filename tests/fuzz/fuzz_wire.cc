@@ -18,6 +18,7 @@
 #include <cstring>
 #include <memory>
 
+#include "../engine/frame_headers.h"
 #include "error.h"
 #include "handshake.h"
 #include "transport/transport.h"
@@ -104,13 +105,9 @@ FrameHeader collective(uint64_t seq, uint64_t count) {
   return h;
 }
 
+// As rank 1 sends it (payload length, sender and communicator filled in).
 FrameHeader p2p(uint64_t tag, uint64_t count) {
-  FrameHeader h;
-  h.channel = static_cast<uint8_t>(Channel::kPointToPoint);
-  h.kind = static_cast<uint8_t>(CollectiveKind::kSend);
-  h.seq = tag;
-  h.dtype = static_cast<uint8_t>(DataType::kUInt8);
-  h.count = count;
+  FrameHeader h = mccl_test::p2p_header(tag, count);
   h.length = count;
   h.src_rank = 1;
   h.comm_id = kCommId;
