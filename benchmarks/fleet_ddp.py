@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--batch", type=int, nargs="+", default=[8], help="samples per rank per step (default: 8)")
     p.add_argument("--steps", type=int, default=10, help="timed steps (default: %(default)s)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps, at least 1; 2 with PowerSGD (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="untimed steps, at least 1; 2 with PowerSGD (default: %(default)s)")
     p.add_argument("--powersgd-rank", type=int, default=4, help="PowerSGD matrix rank (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default: %(default)s)")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VAL", help="for every rank; repeatable")

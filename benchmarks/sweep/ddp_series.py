@@ -91,8 +91,8 @@ def parse(text: str) -> List[DDPSeries]:
         if hook and hook not in HOOKS:
             raise ValueError(f"series {item!r}: unknown hook {hook!r} (use {', '.join(HOOKS)})")
         if env and backend != "mccl":
-            raise ValueError(f"series {item!r}: environment variables are for mccl series (Gloo shares their "
-                             f"launch only without any)")
+            raise ValueError(f"series {item!r}: environment variables are for mccl series (Gloo reads no MCCL_* "
+                             f"variables; --env sets one for every rank)")
         out.append(DDPSeries(label, backend, WIRE.get(wire, ""), hook, ddp, tuple(sorted(env.items()))))
     labels = [s.label for s in out]
     dup = sorted({x for x in labels if labels.count(x) > 1})
@@ -105,7 +105,8 @@ def parse(text: str) -> List[DDPSeries]:
 
 def launches(series: Sequence[DDPSeries]) -> List[List[DDPSeries]]:
     """The launches of the ranks: one per set of variables (wire type included), PowerSGD series alone; the
-    compute series (when asked for) in every launch. The first launch holds the first uncompressed series, the weights' reference."""
+    compute series (when asked for) in every launch. The first launch holds the first uncompressed series, the
+    weights' reference."""
     compute = [s for s in series if s.backend == "none"]
     ddp = [s for s in series if s.backend != "none"]
     keys: List[tuple] = []
