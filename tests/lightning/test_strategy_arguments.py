@@ -90,6 +90,14 @@ def test_arguments_compress_timeout_ddp_kwargs_and_hint():
     s = MCCLStrategy(static_graph=True, bucket_cap_mb=4, forward_sync_buffers=False)
     assert s._ddp_kwargs == {"find_unused_parameters": False, "static_graph": True, "gradient_as_bucket_view": False,
                              "bucket_cap_mb": 4, "forward_sync_buffers": False}
+    # The fleet default over mccl (5 MB buckets, measured); other backends keep DDP's own.
+    assert MCCLStrategy()._ddp_kwargs["bucket_cap_mb"] == 5.0
+    assert "bucket_cap_mb" not in MCCLStrategy(process_group_backend="gloo")._ddp_kwargs
+    from lightning_mccl.lightning.fabric import MCCLFabricStrategy
+
+    assert MCCLFabricStrategy()._ddp_kwargs["bucket_cap_mb"] == 5.0
+    assert MCCLFabricStrategy(bucket_cap_mb=25)._ddp_kwargs["bucket_cap_mb"] == 25
+    assert "bucket_cap_mb" not in MCCLFabricStrategy(process_group_backend="gloo")._ddp_kwargs
 
 
 def test_wire_compression_conflicts_are_named(monkeypatch):

@@ -10,6 +10,7 @@ The Fabric counterpart of `MCCLStrategy` (strategy.py), with the same overrides 
 - `_setup_distributed`: no `device_id` for the mccl group (a group bound to MPS binds the Gloo groups made
   after it too), and the group is destroyed at interpreter exit (strategy.py's `_destroy_at_exit`);
 - `_determine_ddp_device_ids`: None unless CUDA, so `setup_module` does not enter a CUDA stream on a Mac;
+- DDP's buckets default to 5 MB over mccl (`MCCL_BUCKET_CAP_MB`, measured in strategy.py);
 - `_set_world_ranks`: with $MCCL_HOSTFILE set and only the fallback `LightningEnvironment` chosen, the
   hostfile's fleet (`MacFleetEnvironment`).
 
@@ -36,7 +37,7 @@ import torch
 
 from .. import _backend
 from . import mps_gate
-from .strategy import _destroy_at_exit
+from .strategy import MCCL_BUCKET_CAP_MB, _destroy_at_exit
 
 BACKEND = _backend.BACKEND_NAME
 
@@ -52,6 +53,8 @@ class MCCLFabricStrategy(DDPStrategy):
                     f"MCCLFabricStrategy(timeout={timeout!r}): expected a timedelta or a positive number of seconds"
                 )
             timeout = timedelta(seconds=timeout)
+        if process_group_backend == BACKEND and kwargs.get("bucket_cap_mb") is None:
+            kwargs["bucket_cap_mb"] = MCCL_BUCKET_CAP_MB  # the strategy's fleet default (strategy.py says why)
         super().__init__(*args, process_group_backend=process_group_backend, timeout=timeout, **kwargs)
 
     @override
