@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "reduce.h"
+#include "reduce_pool.h"
 
 namespace mccl {
 
@@ -59,7 +60,7 @@ RequestPtr Collective::post_send(int peer, const FrameHeader& header, const void
   const size_t count = bytes / sizeof(float);
   const auto wire_type = static_cast<DataType>(header.wire_dtype);
   char* wire = wire_->take(count * dtype_size(wire_type));
-  narrow_float32(wire, static_cast<const float*>(data), count, wire_type);
+  narrow_float32(wire, static_cast<const float*>(data), count, wire_type, reduce_threads_);
   RequestPtr request = transport_.post_send(peer, header, wire, count * dtype_size(wire_type));
   wire_->hold(request);
   return request;
@@ -70,8 +71,9 @@ RequestPtr Collective::post_recv(int peer, const FrameHeader& header, void* data
   const size_t count = bytes / sizeof(float);
   const auto wire_type = static_cast<DataType>(header.wire_dtype);
   char* wire = wire_->take(count * dtype_size(wire_type));
-  auto widen = [wire, out = static_cast<float*>(data), count, wire_type](const Request&, std::exception_ptr error) {
-    if (!error) widen_to_float32(out, wire, count, wire_type);
+  auto widen = [wire, out = static_cast<float*>(data), count, wire_type, threads = reduce_threads_](
+                   const Request&, std::exception_ptr error) {
+    if (!error) widen_to_float32(out, wire, count, wire_type, threads);
   };
   RequestPtr request = transport_.post_recv(peer, header, wire, count * dtype_size(wire_type), widen);
   wire_->hold(request, kept);
@@ -124,20 +126,27 @@ RequestPtr Collective::send_narrowed(int peer, const void* data, char* narrowed,
   return request;
 }
 
+void Collective::reduce(void* dst, const void* src, size_t count) const {
+  reduce_into(dst, src, count, dtype(), op(), reduce_threads_);
+}
+
 void Collective::reduce_received(void* dst, const RequestPtr& received, size_t bytes, char* narrowed) {
-  if (!compressed()) return reduce_into(dst, received->data, bytes / dtype_size(dtype()), dtype(), op());
+  if (!compressed()) return reduce(dst, received->data, bytes / dtype_size(dtype()));
   const auto wire_type = static_cast<DataType>(identity_.wire_dtype);
+  const size_t wire_size = dtype_size(wire_type);
   constexpr size_t kTile = 4096;  // floats: 16 KiB, stays in L1 between the widen and the reduction
-  alignas(64) float tile[kTile];
-  const size_t count = bytes / sizeof(float);
   const char* src = received->data;
   float* out = static_cast<float*>(dst);
-  for (size_t i = 0; i < count; i += kTile) {
-    const size_t n = std::min(kTile, count - i);
-    widen_to_float32(tile, src + i * dtype_size(wire_type), n, wire_type);
-    reduce_into(out + i, tile, n, DataType::kFloat32, op());
-    if (narrowed) narrow_float32(narrowed + i * dtype_size(wire_type), out + i, n, wire_type);
-  }
+  // Each thread takes whole tiles of the piece: widen, reduce, narrow, one pass over memory.
+  run_parts(bytes / sizeof(float), kSplitConversionsFrom, kTile, reduce_threads_, [&](size_t begin, size_t len) {
+    alignas(64) float tile[kTile];
+    for (size_t i = begin; i < begin + len; i += kTile) {
+      const size_t n = std::min(kTile, begin + len - i);
+      widen_to_float32(tile, src + i * wire_size, n, wire_type, 1);
+      reduce_into(out + i, tile, n, DataType::kFloat32, op(), 1);
+      if (narrowed) narrow_float32(narrowed + i * wire_size, out + i, n, wire_type, 1);
+    }
+  });
   wire_->release(received);
 }
 
@@ -147,7 +156,8 @@ RequestPtr Collective::recv_counted(int peer, void* data, size_t bytes, uint64_t
 
 void Collective::round_to_wire(void* data, size_t bytes) {
   if (compressed() && bytes > 0)
-    round_float32_through(static_cast<float*>(data), bytes / sizeof(float), static_cast<DataType>(identity_.wire_dtype));
+    round_float32_through(static_cast<float*>(data), bytes / sizeof(float), static_cast<DataType>(identity_.wire_dtype),
+                          reduce_threads_);
 }
 
 char* Collective::scratch(int slot, size_t bytes) {

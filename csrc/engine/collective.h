@@ -50,10 +50,11 @@ class WireBuffers {
 
 class Collective {
  public:
-  Collective(Transport& transport, const Config& config, std::vector<char>* scratch, WireBuffers* wire,
-             FrameHeader identity, Deadline deadline)
-      : transport_(transport), config_(config), scratch_(scratch), wire_(wire), identity_(identity),
-        deadline_(deadline) {}
+  // `reduce_threads`: how many threads may share one piece's element-wise work (MCCL_REDUCE_THREADS).
+  Collective(Transport& transport, const Config& config, size_t reduce_threads, std::vector<char>* scratch,
+             WireBuffers* wire, FrameHeader identity, Deadline deadline)
+      : transport_(transport), config_(config), reduce_threads_(reduce_threads), scratch_(scratch), wire_(wire),
+        identity_(identity), deadline_(deadline) {}
 
   int rank() const { return transport_.rank(); }
   int size() const { return transport_.size(); }
@@ -91,6 +92,9 @@ class Collective {
   void wait(const RequestPtr& request) { transport_.wait(request, deadline_); }
   void wait_all(const std::vector<RequestPtr>& requests) { transport_.wait_all(requests, deadline_); }
 
+  // dst OP= src over `count` elements of the collective's dtype, split over MCCL_REDUCE_THREADS threads.
+  void reduce(void* dst, const void* src, size_t count) const;
+
   // Whether float32 payloads travel compressed (MCCL_WIRE_DTYPE) in this collective.
   bool compressed() const { return identity_.wire_dtype != 0; }
   // Rounds float32 values to the wire type in place (no-op unless compressed()): for data this rank keeps
@@ -112,6 +116,7 @@ class Collective {
 
   Transport& transport_;
   const Config& config_;
+  size_t reduce_threads_;
   std::vector<char>* scratch_;  // two slots
   WireBuffers* wire_;
   FrameHeader identity_;

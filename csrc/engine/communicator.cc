@@ -38,9 +38,10 @@ Communicator::Communicator(Store& store, int rank, int size, std::chrono::millis
   const unsigned cpus = std::thread::hardware_concurrency();
   const size_t send_thread_bytes = config_.send_thread_bytes_for(local_ranks, cpus);
   transport_->set_send_thread(send_thread_bytes);
+  reduce_threads_ = config_.reduce_threads_for(local_ranks, cpus);
   log(LogLevel::kInfo, "rank ", rank, ": sender thread ",
       send_thread_bytes ? "for frames of " + std::to_string(send_thread_bytes) + " bytes or more" : std::string("off"),
-      " (", local_ranks, " ranks and ", cpus, " CPUs on this host)");
+      ", ", reduce_threads_, " reduce thread(s) (", local_ranks, " ranks and ", cpus, " CPUs on this host)");
   transport_->set_on_wakeup([this] { drain_commands(); });
   order_ = std::make_shared<IssueOrder>([this] {
     transport_->wake();
@@ -369,7 +370,8 @@ void Communicator::run_op(PendingCollective& op) {
     if (log_enabled(LogLevel::kTrace)) log(LogLevel::kTrace, "rank ", rank_, " starts ", describe(op.identity));
     try {
       if (op.ready) op.ready();
-      Collective c(*transport_, config_, scratch_, &wire_buffers_, op.identity, Clock::now() + timeout_);
+      Collective c(*transport_, config_, reduce_threads_, scratch_, &wire_buffers_, op.identity,
+                   Clock::now() + timeout_);
       op.body(c);
       transport_->check_no_stray_frames(op.identity.seq);
     } catch (...) {

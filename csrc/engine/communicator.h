@@ -119,6 +119,7 @@ class Communicator {
   std::string listen_address_;
   CommStats stats_;  // before transport_, which counts into it
   std::unique_ptr<Transport> transport_;
+  size_t reduce_threads_ = 1;  // MCCL_REDUCE_THREADS as resolved for this host
   std::vector<char> scratch_[2];
   WireBuffers wire_buffers_;
 

@@ -19,8 +19,8 @@ const char* const kVariables[] = {
     "MCCL_BROADCAST_TREE_MAX_BYTES", "MCCL_REDUCE_ALGO", "MCCL_REDUCE_TREE_MAX_BYTES", "MCCL_ALLGATHER_ALGO",
     "MCCL_ALLGATHER_BRUCK_MAX_BYTES", "MCCL_REDUCE_SCATTER_ALGO", "MCCL_REDUCE_SCATTER_RD_MAX_BYTES",
     "MCCL_CHUNK_BYTES", "MCCL_NSOCKS", "MCCL_RING_LOOKAHEAD_BYTES", "MCCL_SOCKET_BUFFER_BYTES",
-    "MCCL_MAX_MESSAGE_BYTES", "MCCL_WIRE_DTYPE", "MCCL_SPIN_US", "MCCL_SEND_THREAD_BYTES", "MCCL_DEBUG",
-    "MCCL_AUTH_SECRET", "MCCL_AUTH_SECRET_FILE", "MCCL_HEARTBEAT_INTERVAL", "MCCL_HEARTBEAT_TIMEOUT",
+    "MCCL_MAX_MESSAGE_BYTES", "MCCL_WIRE_DTYPE", "MCCL_SPIN_US", "MCCL_SEND_THREAD_BYTES", "MCCL_REDUCE_THREADS",
+    "MCCL_DEBUG", "MCCL_AUTH_SECRET", "MCCL_AUTH_SECRET_FILE", "MCCL_HEARTBEAT_INTERVAL", "MCCL_HEARTBEAT_TIMEOUT",
 };
 
 // Where values come from: the group's settings first, then the environment. Empty means unset.
@@ -188,6 +188,8 @@ Config Config::from_env(const Settings& given) {
     c.send_thread_bytes = in.bytes("MCCL_SEND_THREAD_BYTES", c.send_thread_bytes, 0);
     c.send_thread_auto = false;
   }
+  if (const char* v = in.get("MCCL_REDUCE_THREADS"); v && std::string(v) != "auto")
+    c.reduce_threads = static_cast<size_t>(in.count("MCCL_REDUCE_THREADS", 1, 1, 4));
   if (const char* v = in.get("MCCL_DEBUG"); v && parse_log_level(v) < 0)
     fail(Error::Kind::kInvalidArgument, "MCCL_DEBUG='", v, "' is not one of ERROR, WARN, INFO, TRACE (or 0-3)");
   read_auth_secret(in, c);
@@ -202,6 +204,12 @@ Config Config::from_env(const Settings& given) {
 size_t Config::send_thread_bytes_for(int local_ranks, unsigned cpus) const {
   if (!send_thread_auto) return send_thread_bytes;
   return cpus >= 4u * static_cast<unsigned>(std::max(local_ranks, 1)) ? send_thread_bytes : 0;
+}
+
+size_t Config::reduce_threads_for(int local_ranks, unsigned cpus) const {
+  if (reduce_threads != 0) return reduce_threads;
+  const unsigned per_rank = cpus / static_cast<unsigned>(std::max(local_ranks, 1));
+  return per_rank <= 3 ? 1 : std::min<size_t>(4, per_rank - 2);
 }
 
 const Config& Config::global() {

@@ -78,6 +78,13 @@ struct Config {
   bool send_thread_auto = true;
   // The setting for a rank that shares its host with `local_ranks` ranks (counting itself) and `cpus`.
   size_t send_thread_bytes_for(int local_ranks, unsigned cpus) const;
+  // MCCL_REDUCE_THREADS: 1-4 threads share the element-wise work of one piece: the progress thread and
+  // workers of the reduction pool (reduce_pool.h). It covers the widening, reduction and narrowing of
+  // compressed pieces (MCCL_WIRE_DTYPE), most of the progress thread's work there, and reductions of
+  // 4 MiB or more; 1: the progress thread alone. Unset (or "auto", 0 here): this rank's CPUs less two
+  // (for its progress and sender threads), between 1 and 4 (reduce_threads_for).
+  size_t reduce_threads = 0;
+  size_t reduce_threads_for(int local_ranks, unsigned cpus) const;
   // MCCL_DEBUG (log.h) is read by the logger alone, once per process; from_env only checks its value.
   // MCCL_AUTH_SECRET, or the contents of the file MCCL_AUTH_SECRET_FILE (trailing whitespace removed):
   // the secret every connection proves it knows. Empty: rank 0 makes a random one per communicator

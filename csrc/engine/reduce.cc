@@ -139,13 +139,13 @@ bool op_supported(DataType dtype, ReduceOp op) {
   return true;  // integer types: everything
 }
 
-void reduce_into(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op) {
+void reduce_into(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op, size_t max_parts) {
   require_supported(dtype, op);
   if (count == 0) return;
   size_t elem = check_buffers("reduce_into", count, dtype, dst && src);
   if (dst == src) return reduce_self(pick_reduce(dtype, op), dst, count, elem);
   MCCL_CHECK_ARG(!overlaps(dst, src, count * elem), "reduce_into: dst and src overlap partially");
-  run_split(pick_reduce(dtype, op), dst, src, nullptr, count, elem, 0);
+  run_split(pick_reduce(dtype, op), dst, src, nullptr, count, elem, 0, max_parts);
 }
 
 void divide_by(void* buf, size_t count, DataType dtype, int64_t divisor) {
@@ -180,24 +180,30 @@ const char* reduce_vector_path() {
 #endif
 }
 
-void narrow_float32(void* dst, const float* src, size_t count, DataType half) {
+void narrow_float32(void* dst, const float* src, size_t count, DataType half, size_t max_parts) {
   require_half(half, "narrow_float32");
   auto* out = static_cast<uint16_t*>(dst);
-  if (half == DataType::kBFloat16) kernel_narrow<BFloat>(out, src, count);
-  else kernel_narrow<Half>(out, src, count);
+  run_parts(count, kSplitConversionsFrom, 64, max_parts, [&](size_t begin, size_t n) {
+    if (half == DataType::kBFloat16) kernel_narrow<BFloat>(out + begin, src + begin, n);
+    else kernel_narrow<Half>(out + begin, src + begin, n);
+  });
 }
 
-void widen_to_float32(float* dst, const void* src, size_t count, DataType half) {
+void widen_to_float32(float* dst, const void* src, size_t count, DataType half, size_t max_parts) {
   require_half(half, "widen_to_float32");
   const auto* in = static_cast<const uint16_t*>(src);
-  if (half == DataType::kBFloat16) kernel_widen<BFloat>(dst, in, count);
-  else kernel_widen<Half>(dst, in, count);
+  run_parts(count, kSplitConversionsFrom, 64, max_parts, [&](size_t begin, size_t n) {
+    if (half == DataType::kBFloat16) kernel_widen<BFloat>(dst + begin, in + begin, n);
+    else kernel_widen<Half>(dst + begin, in + begin, n);
+  });
 }
 
-void round_float32_through(float* buf, size_t count, DataType half) {
+void round_float32_through(float* buf, size_t count, DataType half, size_t max_parts) {
   require_half(half, "round_float32_through");
-  if (half == DataType::kBFloat16) kernel_round_through<BFloat>(buf, count);
-  else kernel_round_through<Half>(buf, count);
+  run_parts(count, kSplitConversionsFrom, 64, max_parts, [&](size_t begin, size_t n) {
+    if (half == DataType::kBFloat16) kernel_round_through<BFloat>(buf + begin, n);
+    else kernel_round_through<Half>(buf + begin, n);
+  });
 }
 
 }  // namespace mccl

@@ -12,27 +12,25 @@
 namespace mccl {
 namespace {
 
-constexpr size_t kParallelBytes = size_t(4) << 20;  // below this, run inline on the caller
+constexpr size_t kParallelBytes = size_t(4) << 20;  // run_split: below this, run inline on the caller
 constexpr size_t kMaxParts = 4;
 
 // One call's work: parts [0, parts) of `count` elements, each `chunk` long (the last may be shorter).
 struct Task {
-  Kernel fn;
-  char* out;
-  const char* a;
-  const char* b;
-  size_t elem;
+  const Range* body;
   size_t count;
   size_t chunk;
-  int64_t divisor;
 };
+
+// Set while a thread runs a part: work it splits again runs inline (the caller already holds the pool).
+thread_local bool in_part = false;
 
 void run_part(const Task& t, size_t part) {
   size_t begin = part * t.chunk;
   if (begin >= t.count) return;
-  size_t n = std::min(t.chunk, t.count - begin);
-  size_t off = begin * t.elem;
-  t.fn(t.out + off, t.a ? t.a + off : nullptr, t.b ? t.b + off : nullptr, n, t.divisor);
+  in_part = true;
+  (*t.body)(begin, std::min(t.chunk, t.count - begin));
+  in_part = false;
 }
 
 // Persistent workers blocked on a condition variable. One job at a time: a caller that finds the pool
@@ -114,19 +112,31 @@ class Pool {
 
 }  // namespace
 
-void run_split(Kernel fn, void* out, const void* a, const void* b, size_t count, size_t elem, int64_t divisor) {
-  if (count * elem >= kParallelBytes) {
+size_t pool_width() { return Pool::instance()->width(); }
+
+void run_parts(size_t count, size_t split_from, size_t align, size_t max_parts, const Range& body) {
+  if (count >= split_from && max_parts != 1 && count > align && !in_part) {
     Pool* pool = Pool::instance();
-    size_t parts = pool->width();
+    const size_t parts = std::min(max_parts == 0 ? pool->width() : max_parts, pool->width());
     if (parts > 1) {
       size_t chunk = (count + parts - 1) / parts;
-      chunk = (chunk + 63) / 64 * 64;  // keep part boundaries vector- and cache-line friendly
-      Task task{fn, static_cast<char*>(out), static_cast<const char*>(a), static_cast<const char*>(b),
-                elem, count, chunk, divisor};
-      if (pool->try_run(task, parts)) return;
+      chunk = (chunk + align - 1) / align * align;  // part boundaries on whole tiles / cache lines
+      Task task{&body, count, chunk};
+      if (pool->try_run(task, std::min(parts, (count + chunk - 1) / chunk))) return;
     }
   }
-  fn(out, a, b, count, divisor);
+  body(0, count);
+}
+
+void run_split(Kernel fn, void* out, const void* a, const void* b, size_t count, size_t elem, int64_t divisor,
+               size_t max_parts) {
+  auto* o = static_cast<char*>(out);
+  auto* x = static_cast<const char*>(a);
+  auto* y = static_cast<const char*>(b);
+  run_parts(count, kParallelBytes / elem, 64, max_parts, [&](size_t begin, size_t n) {
+    const size_t off = begin * elem;
+    fn(o + off, x ? x + off : nullptr, y ? y + off : nullptr, n, divisor);
+  });
 }
 
 }  // namespace mccl

@@ -9,6 +9,7 @@
 #include "check.h"
 #include "local_world.h"
 #include "reduce.h"
+#include "reduce_pool.h"
 
 using namespace mccl;
 using mccl_test::run_world;
@@ -152,6 +153,63 @@ TEST(broadcast_and_allgather_stay_exact_under_compression) {
       for (size_t i = 0; i < count; ++i)
         CHECK_MSG(gathered.of_rank[r][k * count + i] == input(k, i), "allgather rank %d slot %d i %zu", r, k, i);
     for (size_t i = 0; i < count; ++i) CHECK_MSG(broadcast.of_rank[r][i] == input(1, i), "broadcast rank %d i %zu", r, i);
+  }
+}
+
+// The conversions and the compressed pieces' reduction split over the pool (MCCL_REDUCE_THREADS): element by
+// element the same work, so the same bits as one thread, on odd lengths that end mid-tile and mid-part.
+TEST(conversions_split_over_threads_equal_one_thread) {
+  const size_t count = 3 * kSplitConversionsFrom + 4099;
+  std::vector<float> src(count);
+  for (size_t i = 0; i < count; ++i) src[i] = input(7, i) * (i % 97 == 0 ? 1e30f : 1.0f);  // fp16 overflows too
+  for (DataType wire : {DataType::kBFloat16, DataType::kFloat16}) {
+    std::vector<uint16_t> one(count), split(count);
+    narrow_float32(one.data(), src.data(), count, wire, 1);
+    narrow_float32(split.data(), src.data(), count, wire, 0);
+    CHECK_MSG(one == split, "%s: narrow differs when split over %zu threads", dtype_name(wire), pool_width());
+    std::vector<float> wide_one(count), wide_split(count);
+    widen_to_float32(wide_one.data(), one.data(), count, wire, 1);
+    widen_to_float32(wide_split.data(), one.data(), count, wire, 0);
+    CHECK(std::memcmp(wide_one.data(), wide_split.data(), count * sizeof(float)) == 0);
+    std::vector<float> round_one = src, round_split = src;
+    round_float32_through(round_one.data(), count, wire, 1);
+    round_float32_through(round_split.data(), count, wire, 0);
+    CHECK(std::memcmp(round_one.data(), round_split.data(), count * sizeof(float)) == 0);
+    CHECK(std::memcmp(round_one.data(), wide_one.data(), count * sizeof(float)) == 0);
+  }
+}
+
+TEST(compressed_ring_over_reduce_threads_equals_one_thread) {
+  // MCCL_CHUNK_BYTES' default: compressed pieces of 256K floats, over the split threshold; the count leaves a
+  // short last piece. Every rank and both settings must hold the same bits.
+  const int world = 3;
+  const size_t count = mccl_test::sized(6 * kSplitConversionsFrom + 11, 3 * kSplitConversionsFrom + 11);
+  std::vector<std::vector<float>> by_threads;
+  for (size_t threads : {size_t(1), size_t(4)}) {
+    Results results;
+    results.of_rank.resize(world);
+    Config config = compressed(DataType::kBFloat16, AlgoChoice::kRing, Config{}.chunk_bytes);
+    config.reduce_threads = threads;
+    auto errors = run_world(world, [&](int rank, Communicator& comm) {
+      std::vector<float> buf(count);
+      for (size_t i = 0; i < count; ++i) buf[i] = input(rank, i);
+      comm.allreduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum)->wait();
+      std::lock_guard<std::mutex> lock(results.mu);
+      results.of_rank[rank] = buf;
+    }, std::chrono::seconds(60), config);
+    for (int r = 0; r < world; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+    if (!errors[0].empty()) return;
+    for (int r = 1; r < world; ++r)
+      CHECK_MSG(results.of_rank[r] == results.of_rank[0], "%zu threads: rank %d differs from rank 0", threads, r);
+    by_threads.push_back(results.of_rank[0]);
+  }
+  CHECK_MSG(std::memcmp(by_threads[0].data(), by_threads[1].data(), count * sizeof(float)) == 0,
+            "4 reduce threads give other bits than 1");
+  for (size_t i = 0; i < count; i += 4099) {
+    double exact = 0, magnitude = 0;
+    for (int r = 0; r < world; ++r) exact += input(r, i), magnitude += std::fabs(input(r, i));
+    CHECK_MSG(std::fabs(by_threads[0][i] - exact) <= (world + 1) * unit_roundoff(DataType::kBFloat16) * magnitude * 1.01,
+              "i %zu: got %g want %g", i, by_threads[0][i], exact);
   }
 }
 

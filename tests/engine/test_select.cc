@@ -129,6 +129,18 @@ TEST(counts_reject_byte_suffixes) {
   CHECK(Config::from_env({{"MCCL_CHUNK_BYTES", "64K"}}).chunk_bytes == 64 * KiB);  // bytes still take suffixes
 }
 
+// MCCL_REDUCE_THREADS: auto leaves two CPUs of a rank's share to its progress and sender threads, 1-4 forced.
+TEST(reduce_threads_auto_and_forced) {
+  const Config automatic = Config::from_env({{"MCCL_REDUCE_THREADS", "auto"}});
+  CHECK(automatic.reduce_threads_for(1, 20) == 4);  // a Mac Studio running one rank
+  CHECK(automatic.reduce_threads_for(4, 16) == 2);
+  CHECK(automatic.reduce_threads_for(8, 16) == 1 && automatic.reduce_threads_for(2, 2) == 1);
+  CHECK(Config::from_env({{"MCCL_REDUCE_THREADS", "3"}}).reduce_threads_for(8, 16) == 3);
+  const std::string e = error_of({{"MCCL_REDUCE_THREADS", "5"}});
+  CHECK_MSG(contains(e, "MCCL_REDUCE_THREADS=5 is outside 1-4"), "%s", e.c_str());
+  CHECK_MSG(contains(error_of({{"MCCL_REDUCE_THREADS", "2K"}}), "is not a whole number"), "2K");
+}
+
 // The logger reads MCCL_DEBUG alone: a bad secret file or another bad variable cannot break logging.
 TEST(logging_reads_only_its_own_variable) {
   CHECK(parse_log_level("INFO") == 2 && parse_log_level("0") == 0 && parse_log_level("LOUD") == -1);

@@ -60,7 +60,7 @@ void allreduce_recursive_doubling(Collective& c, void* buf, size_t count) {
         new_rank = -1;
       } else {
         c.wait(c.recv(r - 1, incoming, bytes, 0, step));
-        reduce_into(data, incoming, count, c.dtype(), c.op());
+        c.reduce(data, incoming, count);
         new_rank = r / 2;
       }
     } else {
@@ -77,7 +77,7 @@ void allreduce_recursive_doubling(Collective& c, void* buf, size_t count) {
         auto out = c.send(partner, data, bytes, 0, step);
         c.wait(in);
         c.wait(out);  // `data` is about to change: the send must have left it
-        reduce_into(data, incoming, count, c.dtype(), c.op());
+        c.reduce(data, incoming, count);
       }
       c.round_to_wire(data, bytes);  // what the folded-out ranks will receive
       if (r < 2 * extra) c.wait(c.send(r - 1, data, bytes, 0, kUnfoldStep));

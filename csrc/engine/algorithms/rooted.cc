@@ -85,7 +85,7 @@ void reduce(Collective& c, void* buf, size_t count, int root) {
       }
       if (vr + mask < n) {
         c.wait(c.recv(rel.real(vr + mask), incoming, bytes, 0, 0));
-        reduce_into(acc, incoming, count, c.dtype(), c.op());
+        c.reduce(acc, incoming, count);
       }
     }
   } else if (n > 1) {
