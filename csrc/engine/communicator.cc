@@ -208,53 +208,6 @@ WorkPtr Communicator::barrier(Callback done) {
                  [](Collective& c) { mccl::barrier(c); }, std::move(done));
 }
 
-WorkPtr Communicator::send(const void* buf, size_t count, DataType dtype, int peer, uint64_t tag, Callback done) {
-  return post_p2p(true, const_cast<void*>(buf), count, dtype, peer, tag, std::move(done));
-}
-
-WorkPtr Communicator::recv(void* buf, size_t count, DataType dtype, int peer, uint64_t tag, Callback done) {
-  return post_p2p(false, buf, count, dtype, peer, tag, std::move(done));
-}
-
-WorkPtr Communicator::post_p2p(bool is_send, void* buf, size_t count, DataType dtype, int peer, uint64_t tag,
-                               Callback done) {
-  check_usable();
-  const char* what = is_send ? "send" : "recv";
-  MCCL_CHECK_ARG(peer != rank_, "rank ", rank_, ": ", what, " to/from itself is not supported");
-  if (!(peer == kAnySource && !is_send)) check_rank(peer, "peer", what);
-  FrameHeader h;
-  h.channel = static_cast<uint8_t>(Channel::kPointToPoint);
-  h.kind = static_cast<uint8_t>(CollectiveKind::kSend);
-  h.seq = tag;
-  h.dtype = static_cast<uint8_t>(dtype);
-  h.count = count;
-  const size_t bytes = count * dtype_size(dtype);
-  auto work = std::make_shared<Work>(std::move(done));
-  CommStats::Counters& counters = stats_.of(h.kind);
-  work->count_waits_in(&counters.wait_ns);
-  auto command = [this, is_send, buf, bytes, peer, h, work, &counters] {
-    CommStats::add(counters.calls, 1);
-    auto on_done = [work, &counters, posted = Clock::now()](const Request& r, std::exception_ptr error) {
-      CommStats::add(counters.busy_ns, CommStats::ns_between(posted, Clock::now()));
-      work->finish(error, r.source);
-    };
-    try {
-      RequestPtr request = is_send ? transport_->post_send(peer, h, buf, bytes, on_done)
-                                   : transport_->post_recv(peer, h, buf, bytes, on_done);
-      if (!request->done) p2p_pending_.push_back({Clock::now() + timeout_, request});
-    } catch (...) {
-      if (!work->completed()) work->finish(std::current_exception());
-    }
-  };
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    commands_.push_back(std::move(command));
-  }
-  transport_->wake();
-  cv_.notify_all();
-  return work;
-}
-
 // ---- the progress thread ------------------------------------------------------------------------
 
 void Communicator::drain_commands() {
@@ -331,28 +284,6 @@ void Communicator::check_gate_deadline(const IssueOrder::Next& next) {
   fail(Error::Kind::kTimeout, "rank ", rank_, " timed out after ", timeout_.count(), " ms waiting for the completion of ",
        describe(next.gate), " (the callbacks on its future) to return; the collectives issued after it wait for "
        "that. A callback that waits on a collective issued after the future was requested never returns");
-}
-
-// Point-to-point operations have no collective around them to carry a deadline, so the progress
-// thread keeps theirs: poll() wakes up for the nearest one, and an expired one is a fatal timeout.
-int Communicator::p2p_poll_timeout_ms() {
-  p2p_pending_.remove_if([](const PendingP2P& p) { return p.request->done; });
-  if (p2p_pending_.empty()) return -1;
-  Deadline nearest = p2p_pending_.front().deadline;
-  for (const auto& p : p2p_pending_) nearest = std::min(nearest, p.deadline);
-  return std::max(1, ms_until(nearest, 60 * 1000));
-}
-
-void Communicator::check_p2p_deadlines() {
-  const auto now = Clock::now();
-  for (const auto& p : p2p_pending_) {
-    if (p.request->done || p.deadline > now) continue;
-    const Request& r = *p.request;
-    std::string peer = r.peer == kAnySource ? std::string("any rank") : transport_->peer_name(r.peer);
-    fail(Error::Kind::kTimeout, "rank ", rank_, " timed out after ", timeout_.count(), " ms in ",
-         r.type == Request::Type::kSend ? "send to " : "recv from ", peer, " (tag ", r.header.seq,
-         "): the peer never posted the matching ", r.type == Request::Type::kSend ? "recv" : "send");
-  }
 }
 
 void Communicator::drain_commands_after_failure() {
