@@ -6,8 +6,9 @@ session is killed and the test fails with the output's tail. Results are read fr
 the checkpoints, not from stdout.
 
 Measured on the 2-core development machine: `fit --config configs/vit_local.yaml` (15 epochs, 2 ranks,
-strategy mccl) ends at val/acc 0.950-0.967 (seeds 42/0/1/2) in about 60 s; the 12-epoch run used here
-ended at 0.922-0.950 over the same seeds (0.942 with the config's seed 42) in about 50 s.
+strategy mccl) ends at val/acc 0.950-0.967 (seeds 42/0/1/2) in about 60 s; the 8-epoch run used here
+ends at 0.839-0.906 over seeds 42/0/1 (0.906 with the config's seed 42, from 0.24 after the first epoch) in
+about 44 s, so its bar of 0.80 (chance: 0.10) has a margin of 0.04 on the worst of those seeds.
 """
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ CONFIGS = ROOT / "configs"
 LOCAL = CONFIGS / "vit_local.yaml"
 
 # Main job, shortened: the stated accuracy after the stated epochs of the shortened run.
-SHORT_EPOCHS = 12
-STATED_ACCURACY = 0.90
+SHORT_EPOCHS = 8
+STATED_ACCURACY = 0.80
 MAIN_JOB_TIMEOUT_S = 240
 RESUME_TIMEOUT_S = 90
 # Variables of an outer launcher or an earlier in-process CLI that must not reach the child runs.
