@@ -6,7 +6,7 @@
 // re-dispatches the same call to the op's CPU kernel; that kernel only looks up the process group's
 // backend and calls it, and ProcessGroupMCCL handles MPS tensors itself (in place or staged: staging.hpp).
 // Being boxed, it does not depend on the operators' schemas, which change between torch releases.
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>  // pybind11 with torch's casters; not torch/extension.h (the whole C++ API)
 #include <torch/library.h>
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>

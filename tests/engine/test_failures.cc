@@ -1,5 +1,7 @@
 // Bad input and broken peers: each becomes an mccl::Error with the right kind and a message naming the
 // cause, on every rank, and nothing hangs.
+#include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,6 +15,14 @@ using mccl_test::run_world;
 
 namespace {
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// The silent rank stays away until the waiting rank has raised (at most `limit`, well past its timeout),
+// rather than sleeping a fixed time longer than the timeout.
+void stay_away_until(const std::atomic<bool>& raised, std::chrono::milliseconds limit) {
+  const auto give_up = std::chrono::steady_clock::now() + limit;
+  while (!raised && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
 }  // namespace
 
 TEST(mismatched_counts_fail_on_every_rank) {
@@ -97,13 +107,19 @@ TEST(unsupported_op_raises_at_the_call) {
 
 TEST(silent_peer_times_out_with_its_name) {
   auto start = std::chrono::steady_clock::now();
-  auto errors = run_world(2, [](int rank, Communicator& comm) {
+  std::atomic<bool> raised{false};
+  auto errors = run_world(2, [&raised](int rank, Communicator& comm) {
     if (rank == 1) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // never joins the allreduce
+      stay_away_until(raised, std::chrono::milliseconds(5000));  // never joins the allreduce
       return;
     }
     std::vector<float> buf(4, 1.0f);
-    comm.allreduce(buf.data(), 4, DataType::kFloat32, ReduceOp::kSum)->wait();
+    try {
+      comm.allreduce(buf.data(), 4, DataType::kFloat32, ReduceOp::kSum)->wait();
+    } catch (...) {
+      raised = true;
+      throw;
+    }
   }, std::chrono::seconds(1));
   auto took = std::chrono::steady_clock::now() - start;
   CHECK_MSG(contains(errors[0], "timeout") && contains(errors[0], "rank 1"), "%s", errors[0].c_str());
@@ -140,13 +156,19 @@ TEST(dead_peer_fails_neighbours_fast_and_later_calls_rethrow) {
 
 TEST(unmatched_recv_times_out_naming_peer_and_tag) {
   auto start = std::chrono::steady_clock::now();
-  auto errors = run_world(2, [](int rank, Communicator& comm) {
+  std::atomic<bool> raised{false};
+  auto errors = run_world(2, [&raised](int rank, Communicator& comm) {
     if (rank == 1) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2000));  // never sends
+      stay_away_until(raised, std::chrono::milliseconds(5000));  // never sends
       return;
     }
     float x = 0;
-    comm.recv(&x, 1, DataType::kFloat32, 1, 5)->wait();
+    try {
+      comm.recv(&x, 1, DataType::kFloat32, 1, 5)->wait();
+    } catch (...) {
+      raised = true;
+      throw;
+    }
   }, std::chrono::milliseconds(800));
   auto took = std::chrono::steady_clock::now() - start;
   CHECK_MSG(contains(errors[0], "timed out") && contains(errors[0], "recv from rank 1") && contains(errors[0], "tag 5"),

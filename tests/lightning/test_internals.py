@@ -9,6 +9,7 @@ nothing that another Trainer (on another thread) could see.
 """
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -19,43 +20,68 @@ import pytest
 
 from launch_env import clean_env
 
-FAKE_SHAPE = textwrap.dedent("""
+# One child process tries every fake shape in turn (importing Lightning once): each case patches Lightning,
+# imports the strategy module afresh (every lightning_mccl.lightning module dropped first, so that each
+# check runs again), prints what the import raised as one JSON line, and puts Lightning back.
+FAKE_SHAPES = textwrap.dedent("""
+    import json, sys
     import lightning, lightning.fabric.utilities.distributed as d
     from lightning.pytorch.trainer.connectors import accelerator_connector as c
     lightning.__version__ = "9.9.9"
-    if sys.argv[1] == "init":
-        def _init_dist_connection(env, backend_name_changed, rank=None):
-            pass
-        d._init_dist_connection = _init_dist_connection
-    elif sys.argv[1] == "connector":
-        def _check_config_and_set_final_flags(self, strategy, accelerator, precision, plugins):
-            pass
-        c._AcceleratorConnector._check_config_and_set_final_flags = _check_config_and_set_final_flags
-    else:
-        del c._AcceleratorConnector._check_config_and_set_final_flags
-    try:
-        import lightning_mccl.lightning.strategy
-    except ImportError as e:
-        print(type(e).__name__, e)
+    connector = c._AcceleratorConnector
+    saved = (d._init_dist_connection, connector._check_config_and_set_final_flags)
+    for change in sys.argv[1:]:
+        for name in [m for m in sys.modules if m == "lightning_mccl.lightning" or m.startswith("lightning_mccl.lightning.")]:
+            del sys.modules[name]
+        if change == "init":
+            def _init_dist_connection(env, backend_name_changed, rank=None):
+                pass
+            d._init_dist_connection = _init_dist_connection
+        elif change == "connector":
+            def _check_config_and_set_final_flags(self, strategy, accelerator, precision, plugins):
+                pass
+            connector._check_config_and_set_final_flags = _check_config_and_set_final_flags
+        else:
+            del connector._check_config_and_set_final_flags
+        try:
+            import lightning_mccl.lightning.strategy
+            raised = None
+        except ImportError as e:
+            raised = f"{type(e).__name__} {e}"
+        print(json.dumps({change: raised}), flush=True)
+        d._init_dist_connection, connector._check_config_and_set_final_flags = saved
 """)
-
-
-@pytest.mark.parametrize("change,names,problem", [
+SHAPES = [
     ("init", "lightning.fabric.utilities.distributed._init_dist_connection",
      "has parameters (env, backend_name_changed, rank), expected (cluster_environment, torch_distributed_backend, ...)"),
     ("connector", "_AcceleratorConnector._check_config_and_set_final_flags",
      "has parameters (self, strategy, accelerator, precision, plugins), expected (self, strategy, accelerator, "
      "precision, plugins, sync_batchnorm, ...)"),
     ("gone", "_AcceleratorConnector._check_config_and_set_final_flags", "does not exist"),
-])
-def test_an_unexpected_lightning_shape_fails_the_import_naming_the_version(change, names, problem):
+]
+
+
+@pytest.fixture(scope="module")
+def shape_errors() -> dict:
+    """{change: what importing the strategy raised with that fake shape}, from one child process."""
+    changes = [change for change, _, _ in SHAPES]
+    proc = subprocess.run([sys.executable, "-c", FAKE_SHAPES, *changes], capture_output=True, text=True,
+                          timeout=120, env=clean_env())
+    assert proc.returncode == 0, proc.stderr
+    errors = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            errors.update(json.loads(line))
+    assert list(errors) == changes, proc.stdout + proc.stderr
+    return errors
+
+
+@pytest.mark.parametrize("change,names,problem", SHAPES)
+def test_an_unexpected_lightning_shape_fails_the_import_naming_the_version(shape_errors, change, names, problem):
     from lightning_mccl.lightning.internals import TESTED_LIGHTNING
 
-    code = "import sys\n" + FAKE_SHAPE
-    proc = subprocess.run([sys.executable, "-c", code, change], capture_output=True, text=True, timeout=120,
-                          env=clean_env())
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout.strip()
+    out = shape_errors[change]
+    assert out is not None, f"{change}: importing the strategy did not fail"
     assert out.startswith("LightningVersionError lightning-mccl cannot use Lightning 9.9.9: "), out
     assert names in out and problem in out, out
     assert f"tested with Lightning {TESTED_LIGHTNING[0]} to {TESTED_LIGHTNING[-1]}" in out, out

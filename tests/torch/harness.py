@@ -227,6 +227,7 @@ def run_ranks(
     ranks=None,
     init: bool = True,
     pg_timeout: float | None = None,
+    failure_grace: float = FAILURE_GRACE_S,
 ) -> list:
     """Run `fn(rank, world_size, *args)` in `world_size` spawned processes; return results by rank.
 
@@ -235,6 +236,7 @@ def run_ranks(
     arrive; used to test rendezvous timeouts); the result list then has None for ranks not started.
     init: False leaves init_process_group to `fn` (see init_method()). pg_timeout: the process group's
     timeout (default: a little under `timeout`, so that a stuck collective raises inside the rank first).
+    failure_grace: how long the other ranks get to finish once one has failed (default FAILURE_GRACE_S).
 
     Raises AssertionError with every failing rank's traceback, the exit code of a rank that died without
     reporting, or the ranks that did not finish within `timeout` (after killing all of them).
@@ -317,7 +319,7 @@ def run_ranks(
             now = time.monotonic()
             limit = deadline
             if first_failure_at is not None:
-                limit = min(limit, first_failure_at + FAILURE_GRACE_S)
+                limit = min(limit, first_failure_at + failure_grace)
             if now >= limit:
                 break
             waitables = list(open_conns.values()) + [procs[r].sentinel for r in pending if procs[r].exitcode is None]
@@ -380,8 +382,8 @@ def run_ranks(
     if problems:
         head = f"run_ranks({fn.__qualname__}, world_size={world_size}, backend={backend!r}) failed after {elapsed:.1f}s"
         if unfinished:
-            if first_failure_at is not None and first_failure_at + FAILURE_GRACE_S < deadline:
-                why = f"the {FAILURE_GRACE_S:.0f}s grace after another rank failed"
+            if first_failure_at is not None and first_failure_at + failure_grace < deadline:
+                why = f"the {failure_grace:.0f}s grace after another rank failed"
             else:
                 why = f"the {timeout:.0f}s deadline"
             head += f"; ranks {unfinished} did not finish within {why}"

@@ -122,17 +122,25 @@ def check_identical(results, hook):
 NO_CUDA = {"CUDA_VISIBLE_DEVICES": ""}
 
 
-def test_powersgd_small_buckets_identical_weights():
-    results = run_ranks(worker, 6, args=(["powerSGD_rank1", "powerSGD_rank4"], "cpu"), timeout=300, env=NO_CUDA)
+CPU_WORLD = 6
+
+
+@pytest.fixture(scope="module")
+def cpu_results():
+    """One run of CPU_WORLD ranks training every CPU case in turn (one start of 6 interpreters for both tests)."""
+    return run_ranks(worker, CPU_WORLD, args=(["powerSGD_rank1", "powerSGD_rank4", "chain3"], "cpu"), timeout=300,
+                     env=NO_CUDA)
+
+
+def test_powersgd_small_buckets_identical_weights(cpu_results):
     for hook in ("powerSGD_rank1", "powerSGD_rank4"):
-        check_identical(results, hook)
+        check_identical(cpu_results, hook)
 
 
-def test_three_chained_collectives_match_reference():
-    world = 6
-    results = run_ranks(worker, world, args=(["chain3"], "cpu"), timeout=300, env=NO_CUDA)
+def test_three_chained_collectives_match_reference(cpu_results):
+    results = cpu_results
     check_identical(results, "chain3")
-    ref = reference(world)
+    ref = reference(CPU_WORLD)
     for name, value in results[0]["chain3"].items():
         np.testing.assert_allclose(value, ref[name], rtol=1e-5, atol=1e-6, err_msg=f"chain3: {name}")
 

@@ -79,28 +79,40 @@ def test_all_gather_coalesced_matches_gloo(ws):
                                              f"needs {ws} output lists (one per rank), got {ws - 1}")
 
 
-def failure_worker(rank, ws, case):
-    """Rank 0's error for `case`; rank 1 provokes it: absent from a barrier, or gone."""
+# How long rank 1 stays away at most: far beyond the process group's timeout (3 s), so rank 0 always times
+# out first; rank 1 leaves as soon as rank 0 has its error.
+ABSENT_S = 30
+
+
+def failure_worker(rank, ws, case, done_path):
+    """Rank 0's error for `case`; rank 1 provokes it: absent from a barrier (until rank 0 has raised, at
+    most ABSENT_S), or gone."""
     if rank == 1:
         if case == "closed":
             os._exit(0)  # no destroy: its sockets just close, as when a process crashes
-        time.sleep(6)  # longer than the process group's timeout (3 s)
+        give_up = time.monotonic() + ABSENT_S
+        while not os.path.exists(done_path) and time.monotonic() < give_up:
+            time.sleep(0.05)
         os._exit(0)
     time.sleep(1.0)
     try:
-        if case == "wait":
-            dist.barrier(async_op=True).wait(timeout=__import__("datetime").timedelta(milliseconds=300))
-        else:
-            dist.all_reduce(torch.ones(1000))
+        try:
+            if case == "wait":
+                dist.barrier(async_op=True).wait(timeout=__import__("datetime").timedelta(milliseconds=300))
+            else:
+                dist.all_reduce(torch.ones(1000))
+        finally:
+            open(done_path, "w").close()
     except Exception as e:  # noqa: BLE001 - the point of the test
         return (type(e).__name__, isinstance(e, RuntimeError), str(e))
     return None
 
 
-def _rank0(case, backend):
+def _rank0(case, backend, tmp_path):
     """Rank 0's result; rank 1 ends with os._exit (no result), which is all the run may fail by."""
+    done = str(tmp_path / f"{case}-{backend}.done")
     try:
-        return run_ranks(failure_worker, 2, backend=backend, args=(case,), timeout=60, pg_timeout=3)[0]
+        return run_ranks(failure_worker, 2, backend=backend, args=(case, done), timeout=60, pg_timeout=3)[0]
     except RunFailed as e:
         assert not e.errors and not e.unfinished and 0 in e.results, str(e)
         return e.results[0]
@@ -112,9 +124,9 @@ def _rank0(case, backend):
     ("closed", "Connection closed by peer", r"MCCL connection error: rank 0 lost its connection to rank 1 .*"
                                             r"\(Connection closed by peer\)"),
 ])
-def test_failures_use_torchs_wording_and_type(case, phrase, ours):
-    gloo = None if case == "wait" else _rank0(case, "gloo")
-    mccl = _rank0(case, "mccl")
+def test_failures_use_torchs_wording_and_type(case, phrase, ours, tmp_path):
+    gloo = None if case == "wait" else _rank0(case, "gloo", tmp_path)
+    mccl = _rank0(case, "mccl", tmp_path)
     if gloo is not None:  # the convention, as Gloo has it
         assert gloo[1] and phrase in gloo[2], gloo
     assert mccl is not None, f"{case}: rank 0 did not raise"
