@@ -48,7 +48,7 @@ Error Peer::closed_error() const {
 }
 
 bool Peer::wants_read(int lane) const {
-  return lane == 0 || lanes_[lane].in_share || !lanes_[lane].due.empty();
+  return lane == 0 ? !ended_ : lanes_[lane].in_share || !lanes_[lane].due.empty();
 }
 
 // ---- sending ------------------------------------------------------------------------------------
@@ -172,7 +172,7 @@ void Peer::read(int index, Clock::time_point now) {
           n = lane.sock.recv_some(lane.head + lane.head_got, head_size - lane.head_got);
         } catch (const Error& e) {
           if (index != 0 || lane.head_got != 0 || e.kind() != Error::Kind::kConnection) throw;
-          return on_closed(e);  // between frames
+          return on_end_of_stream(e);  // between frames
         }
         if (n == 0) return;
         last_heard_ = now;
@@ -280,8 +280,9 @@ void Peer::finish_frame(FrameIt it) {
   Frame f = std::move(*it);
   spare_frames_.splice(spare_frames_.end(), arriving_, it);
   if (f.control) return on_control(f.header);
-  if (f.stashed) return context_.matcher->arrived(f.stash);
-  complete(f.target);
+  if (f.stashed) context_.matcher->arrived(f.stash);
+  else complete(f.target);
+  if (ended_ && arriving_.empty()) on_closed(*ended_);  // the last share after lane 0's end of stream
 }
 
 char* Peer::place(Frame& frame, uint64_t pos, uint64_t* room) {
@@ -306,6 +307,14 @@ void Peer::on_control(const FrameHeader& h) {
   // first operation that needs it. Frames it sent before the abort are still delivered.
   closed_cause_ = std::make_shared<Error>(error);
   on_closed(error);
+}
+
+// Lane 0 reached its end of stream between two frames: the peer sends no more frames. Shares of frames
+// whose header came already may still be on their way on the other lanes (each lane is a TCP stream of
+// its own, so lane 0's end can be read first); the peer is closed once they are in (finish_frame).
+void Peer::on_end_of_stream(const Error& cause) {
+  if (arriving_.empty()) return on_closed(cause);
+  ended_ = std::make_shared<Error>(cause);
 }
 
 // The peer closed its end between two frames: normal when it is done with this communicator (it shut

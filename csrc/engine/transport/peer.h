@@ -120,6 +120,7 @@ class Peer {
   void finish_frame(FrameIt frame);
   char* place(Frame& frame, uint64_t pos, uint64_t* room);
   void on_control(const FrameHeader& h);
+  void on_end_of_stream(const Error& cause);
   void on_closed(const Error& cause);
 
   int rank_;
@@ -131,6 +132,7 @@ class Peer {
   RequestPtr heartbeat_;                      // reused; queued only when nothing else is
   bool closed_ = false;
   std::shared_ptr<Error> closed_cause_;       // the abort it reported, if any
+  std::shared_ptr<Error> ended_;              // lane 0's end of stream, while shares are still arriving
   Clock::time_point last_heard_;              // when bytes last arrived (progress-round resolution)
   Clock::time_point last_sent_;               // when bytes last left
 };
