@@ -51,6 +51,15 @@ std::vector<char> pattern(size_t size, int seed) {
   return v;
 }
 
+// The header of a frame from rank 1, for tests that write its lanes by hand (its shares' heads: lane_header).
+FrameHeader from_rank_1(uint64_t tag, uint64_t length) {
+  FrameHeader h = p2p_header(tag);
+  h.comm_id = kCommId;
+  h.src_rank = 1;
+  h.length = length;
+  return h;
+}
+
 void progress_both(Transport& a, Transport& b, const std::vector<RequestPtr>& until, Deadline deadline) {
   auto all_done = [&] {
     for (const auto& r : until) {
@@ -137,22 +146,14 @@ TEST(bytes_that_are_not_the_share_due_on_a_lane_are_a_protocol_error) {
     Wires wires;
     Transport t0(0, 2, kCommId, wires.ends_of(0), kAddresses, uint64_t(1) << 30, kLanes);
     std::vector<Socket> raw = wires.ends_of(1);  // rank 1, written by hand
-    FrameHeader h = p2p_header(5);
-    h.comm_id = kCommId;
-    h.src_rank = 1;
-    h.length = 3 * kMinShareBytes;
+    const FrameHeader h = from_rank_1(5, 3 * kMinShareBytes);
     std::vector<char> payload = pattern(h.length, 3), got(h.length);
     RequestPtr r = t0.post_recv(1, p2p_header(5), got.data(), got.size());
     const Span first = lane_span(h, kLanes, 0), second = lane_span(h, kLanes, 1);
     const Deadline deadline = Clock::now() + 5s;
     raw[0].write_all(&h, sizeof(h), deadline, "lane 0");
     raw[0].write_all(payload.data(), first.size(), deadline, "lane 0");
-    LaneHeader lh;
-    lh.channel = h.channel;
-    lh.lane = 1;
-    lh.src_rank = 1;
-    lh.seq = 5;
-    lh.offset = variant == 0 ? second.begin + 64 : second.begin;  // the wrong share, or garbage
+    LaneHeader lh = lane_header(h, 1, variant == 0 ? second.begin + 64 : second.begin);  // the wrong share, or garbage
     if (variant == 1) lh.magic = 0x20544547;                      // "GET "
     raw[1].write_all(&lh, sizeof(lh), deadline, "lane 1");
     raw[1].write_all(payload.data() + second.begin, second.size(), deadline, "lane 1");
@@ -176,10 +177,7 @@ TEST(a_peer_whose_lane_0_ends_before_its_shares_arrive_has_sent_the_whole_frame)
   Wires wires;
   Transport t0(0, 2, kCommId, wires.ends_of(0), kAddresses, uint64_t(1) << 30, kLanes);
   std::vector<Socket> raw = wires.ends_of(1);  // rank 1, written by hand
-  FrameHeader h = p2p_header(6);
-  h.comm_id = kCommId;
-  h.src_rank = 1;
-  h.length = 3 * kMinShareBytes + 5;
+  const FrameHeader h = from_rank_1(6, 3 * kMinShareBytes + 5);
   std::vector<char> payload = pattern(h.length, 4), got(h.length);
   RequestPtr r = t0.post_recv(1, p2p_header(6), got.data(), got.size());
   const Deadline deadline = Clock::now() + 5s;
@@ -191,12 +189,7 @@ TEST(a_peer_whose_lane_0_ends_before_its_shares_arrive_has_sent_the_whole_frame)
   CHECK(!r->done);
   for (int lane = 1; lane < kLanes; ++lane) {
     const Span share = lane_span(h, kLanes, lane);
-    LaneHeader lh;
-    lh.channel = h.channel;
-    lh.lane = static_cast<uint8_t>(lane);
-    lh.src_rank = 1;
-    lh.seq = 6;
-    lh.offset = share.begin;
+    const LaneHeader lh = lane_header(h, lane, share.begin);
     raw[lane].write_all(&lh, sizeof(lh), deadline, "lane");
     raw[lane].write_all(payload.data() + share.begin, share.size(), deadline, "lane");
     raw[lane].shutdown_write();

@@ -6,7 +6,6 @@
 #include "log.h"
 
 namespace mccl {
-namespace {
 
 LaneHeader lane_header(const FrameHeader& h, int lane, uint64_t offset) {
   LaneHeader l;
@@ -17,8 +16,6 @@ LaneHeader lane_header(const FrameHeader& h, int lane, uint64_t offset) {
   l.offset = offset;
   return l;
 }
-
-}  // namespace
 
 Span lane_span(const FrameHeader& h, int nsocks, int lane) {
   const uint64_t length = h.length;

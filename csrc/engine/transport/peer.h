@@ -37,6 +37,8 @@ struct Span {
 // first; control frames are never split.
 constexpr uint64_t kMinShareBytes = uint64_t(16) << 10;
 Span lane_span(const FrameHeader& h, int nsocks, int lane);
+// The head of frame h's share on `lane` (above 0), which starts at byte `offset` of its payload.
+LaneHeader lane_header(const FrameHeader& h, int lane, uint64_t offset);
 
 // The sender threads of a transport, one per lane index (none: empty), and the frame size sent through them.
 struct SendThreads {
