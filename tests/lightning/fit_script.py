@@ -147,11 +147,21 @@ def main() -> None:
     args = [a for a in sys.argv[1:] if a != "--lightning-first"]
     out_dir, runs = args[0], args[1:]
     rank = 0  # of this process, once a fit has said it
+    completed = False
 
     @atexit.register  # registered first, so it runs after every handler registered during the fits
     def record_exit():
-        torch.save({"initialized_at_exit": torch.distributed.is_initialized()},
-                   os.path.join(out_dir, f"exit.rank{rank}.pt"))
+        initialized = torch.distributed.is_initialized()
+        torch.save({"initialized_at_exit": initialized}, os.path.join(out_dir, f"exit.rank{rank}.pt"))
+        # Lightning leaves its Gloo group to interpreter shutdown, where Gloo's threads can abort a process
+        # that has done everything ("terminate called without an active exception", pytorch/pytorch#190489;
+        # about 1 run of the reference in 8 here, with this session's tree and the one before it). A run that
+        # completed ends here, before that teardown; one that failed keeps its exit status. Runs whose group
+        # was destroyed (mccl's, at exit) go through the whole teardown.
+        if initialized and completed:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
     for name in runs:
         trainer, model = run(name)
         rank = trainer.global_rank
@@ -168,6 +178,7 @@ def main() -> None:
         torch.save(record, os.path.join(out_dir, f"{name}.rank{trainer.global_rank}.pt"))
     if rank == 0:
         torch.save({k: v.clone() for k, v in TinyModel().state_dict().items()}, os.path.join(out_dir, "init.pt"))
+    completed = True
 
 
 if __name__ == "__main__":
