@@ -114,18 +114,15 @@ class Pool {
 
 size_t pool_width() { return Pool::instance()->width(); }
 
-void run_parts(size_t count, size_t split_from, size_t align, size_t max_parts, const Range& body) {
-  if (count >= split_from && max_parts != 1 && count > align && !in_part) {
-    Pool* pool = Pool::instance();
-    const size_t parts = std::min(max_parts == 0 ? pool->width() : max_parts, pool->width());
-    if (parts > 1) {
-      size_t chunk = (count + parts - 1) / parts;
-      chunk = (chunk + align - 1) / align * align;  // part boundaries on whole tiles / cache lines
-      Task task{&body, count, chunk};
-      if (pool->try_run(task, std::min(parts, (count + chunk - 1) / chunk))) return;
-    }
-  }
-  body(0, count);
+bool try_run_parts(size_t count, size_t align, size_t max_parts, const Range& body) {
+  if (in_part) return false;
+  Pool* pool = Pool::instance();
+  const size_t parts = std::min(max_parts == 0 ? pool->width() : max_parts, pool->width());
+  if (parts <= 1) return false;
+  size_t chunk = (count + parts - 1) / parts;
+  chunk = (chunk + align - 1) / align * align;  // part boundaries on whole tiles / cache lines
+  Task task{&body, count, chunk};
+  return pool->try_run(task, std::min(parts, (count + chunk - 1) / chunk));
 }
 
 void run_split(Kernel fn, void* out, const void* a, const void* b, size_t count, size_t elem, int64_t divisor,

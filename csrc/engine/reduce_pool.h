@@ -18,10 +18,20 @@ using Range = std::function<void(size_t begin, size_t n)>;
 // The most parts one call is split into: the calling thread and the pool's workers.
 size_t pool_width();
 
-// body over [0, count): from `split_from` elements on, in up to `max_parts` parts (0: pool_width()) whose
-// boundaries are multiples of `align` elements, run by the caller (part 0) and the pool's workers at once;
-// inline when smaller, when max_parts is 1, or when the pool is busy with another thread's call.
-void run_parts(size_t count, size_t split_from, size_t align, size_t max_parts, const Range& body);
+// Runs body over [0, count) in up to `max_parts` parts (0: pool_width()) whose boundaries are multiples of
+// `align` elements, the caller doing part 0 and the pool's workers the others at once; false, having run
+// nothing, when it cannot split (one part, the pool busy with another thread's call, or inside a part).
+bool try_run_parts(size_t count, size_t align, size_t max_parts, const Range& body);
+
+// body(begin, n) over [0, count): split as above from `split_from` elements on, else inline. Below the
+// threshold nothing is wrapped or allocated: the data path calls this for every piece and tile.
+template <typename Body>
+void run_parts(size_t count, size_t split_from, size_t align, size_t max_parts, Body&& body) {
+  if (count >= split_from && count > align && max_parts != 1 &&
+      try_run_parts(count, align, max_parts, Range(std::ref(body))))
+    return;
+  body(size_t(0), count);
+}
 
 // fn over [0, count) elements of `elem` bytes: run_parts from 4 MiB on.
 void run_split(Kernel fn, void* out, const void* a, const void* b, size_t count, size_t elem, int64_t divisor,
