@@ -92,6 +92,10 @@ def test_arguments_compress_timeout_ddp_kwargs_and_hint():
                              "bucket_cap_mb": 4, "forward_sync_buffers": False}
     # The fleet default over mccl (5 MB buckets, measured); other backends keep DDP's own.
     assert MCCLStrategy()._ddp_kwargs["bucket_cap_mb"] == 5.0
+    assert MCCLStrategy(compress="powersgd")._ddp_kwargs["bucket_cap_mb"] == 1000.0  # one bucket
+    assert MCCLStrategy(compress="powersgd", bucket_cap_mb=25)._ddp_kwargs["bucket_cap_mb"] == 25
+    assert MCCLStrategy(compress="bf16_hook")._ddp_kwargs["bucket_cap_mb"] == 5.0
+    assert "bucket_cap_mb" not in MCCLStrategy(compress="powersgd", process_group_backend="gloo")._ddp_kwargs
     assert "bucket_cap_mb" not in MCCLStrategy(process_group_backend="gloo")._ddp_kwargs
     from lightning_mccl.lightning.fabric import MCCLFabricStrategy
 
