@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     counts = args.hosts or args.nproc or [2]
     if min(counts) < 2:
         parser.error("DDP needs at least 2 ranks")
-    if args.warmup < (2 if any(s.hook == "powersgd" for s in series) else 1):
+    if args.warmup < (2 if any(s.powersgd for s in series) else 1):
         parser.error("--warmup: at least 1 step, 2 with PowerSGD (it compresses from the third step on)")
     if args.switch and (len(counts) > 1 or args.hosts):
         parser.error("--switch runs on the hosts that are up: give one --nproc, no --hosts")

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# PowerSGD's bucket size on the 8-host fleet stand-in at batch 8, in one short device call: one bucket (the
-# chain runs once, after the backward pass), 100 MB, and the strategy's 5 MB, each launch with its own compute
-# series. After benchmarks/gpu_host/prepare.sh here, with ".devtools" carried:
-#   BUDGET=230 bash benchmarks/gpu_host/powersgd.sh
-# Results under $OUT (results.tgz, log.txt); the launches run in that order, each within what is left.
+# PowerSGD on the 8-host fleet stand-in, in one short device call: each RUNS item HOOK:BUCKET_MB:BATCH is a
+# launch of its own (with its compute series), in that order, each within what is left of BUDGET. By default
+# PowerSGD's bucket size at batch 8: one bucket (the chain runs once, after the backward pass), 100 MB, and
+# 5 MB. After benchmarks/gpu_host/prepare.sh here, with ".devtools" carried:
+#   BUDGET=222 bash benchmarks/gpu_host/powersgd.sh
+#   RUNS="powersgd:1000:8 powersgd_batched:1000:8 powersgd:1000:32 powersgd_batched:1000:32" bash ...
+# Results under $OUT (results.tgz: one folder per launch, log.txt).
 BUDGET=${BUDGET:-300}; . benchmarks/gpu_host/common.sh
-F="python3 benchmarks/fleet_ddp.py --device cuda --rate 10gbit --steps 6 --warmup 2 --hosts 8 --batch 8"
-for b in 1000 100 5; do
+F="python3 benchmarks/fleet_ddp.py --device cuda --rate 10gbit --steps 6 --warmup 2 --hosts 8"
+for run in ${RUNS:-powersgd:1000:8 powersgd:100:8 powersgd:5:8}; do
+  IFS=: read -r hook mb batch <<< "$run"
   [ $(L 60) -lt 45 ] && break
-  timeout $(L 90) $F --series compute,mccl+powersgd:bucket=$b:label=powersgd-b$b --timeout $(($(L 90) - 3)) \
-    --out "$R/psgd8_b$b"
+  timeout $(L 90) $F --batch $batch --series compute,mccl+$hook:bucket=$mb:label=$hook-b$mb \
+    --timeout $(($(L 90) - 3)) --out "$R/psgd${batch}_b$mb${hook#powersgd}"
 done
 tar czf "$OUT/results.tgz" -C "$R" .

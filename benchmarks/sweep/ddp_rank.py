@@ -46,9 +46,10 @@ def _wrap(s: DDPSeries, model, group, spec: dict):
         ddp.register_comm_hook(group, default_hooks.bf16_compress_hook)
     elif s.hook == "fp16_hook":
         ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
-    elif s.hook == "powersgd":
+    elif s.powersgd:
         state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=spec["powersgd_rank"],
-                                            start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
+                                            start_powerSGD_iter=2, use_error_feedback=True, warm_start=True,
+                                            batch_tensors_with_same_shape=s.hook == "powersgd_batched")
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     return ddp
 
@@ -138,6 +139,6 @@ def _compare(s: DDPSeries, weights, start, spec: dict) -> dict:
         return {}
     ref = torch.load(spec["ref_path"])
     rel = float((weights - ref).norm() / (ref - start).norm().clamp_min(1e-30))
-    tol = None if s.hook == "powersgd" else COMPRESSED_TOL if s.compressed else EXACT_TOL
+    tol = None if s.powersgd else COMPRESSED_TOL if s.compressed else EXACT_TOL
     return {"weights_vs": spec["ref"], "weights_rel_diff": rel, "weights_tol": tol if tol else "",
             "weights_match": "approx" if tol is None else "yes" if rel <= tol else "NO"}

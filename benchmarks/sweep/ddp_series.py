@@ -4,7 +4,8 @@ engine, an optional DDP comm hook and DDP's own settings.
     compute                      the same training step without DDP (no communication at all)
     mccl  gloo                   DDP on that backend
     mccl-bf16  mccl-fp16         mccl with MCCL_WIRE_DTYPE=bf16 / fp16 (the engine narrows float32 on the wire)
-    mccl+bf16_hook               DDP comm hook: bf16_hook, fp16_hook (torch's compress hooks), powersgd
+    mccl+bf16_hook               DDP comm hook: bf16_hook, fp16_hook (torch's compress hooks), powersgd,
+                                 powersgd_batched (PowerSGDState(batch_tensors_with_same_shape=True))
     mccl:bucket=100:view:static  DDP settings: bucket_cap_mb, gradient_as_bucket_view, static_graph
     mccl:MCCL_NSOCKS=2           upper-case KEY=VALUE: an environment variable of the ranks (mccl series)
     ...:label=NAME               the label in the table (default: the text itself)
@@ -22,7 +23,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 BACKENDS = ("mccl", "gloo")
 WIRE = {"bf16": "bf16", "fp16": "fp16"}
-HOOKS = ("bf16_hook", "fp16_hook", "powersgd")
+HOOKS = ("bf16_hook", "fp16_hook", "powersgd", "powersgd_batched")
 COMPUTE = "compute"
 _ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
@@ -35,6 +36,10 @@ class DDPSeries:
     hook: str = ""
     ddp: Dict[str, object] = field(default_factory=dict)  # DistributedDataParallel keyword arguments
     extra_env: Tuple[Tuple[str, str], ...] = ()  # the ranks' other variables (KEY=VALUE options), sorted
+
+    @property
+    def powersgd(self) -> bool:
+        return self.hook.startswith("powersgd")
 
     @property
     def compressed(self) -> bool:
@@ -113,7 +118,7 @@ def launches(series: Sequence[DDPSeries]) -> List[List[DDPSeries]]:
     groups: Dict[tuple, List[DDPSeries]] = {}
     ref = reference(series)
     for s in sorted(ddp, key=lambda s: s is not ref):
-        key = (tuple(sorted(s.env.items())), s.label if s.hook == "powersgd" else "")
+        key = (tuple(sorted(s.env.items())), s.label if s.powersgd else "")
         if key not in groups:
             keys.append(key)
             groups[key] = []
@@ -123,4 +128,4 @@ def launches(series: Sequence[DDPSeries]) -> List[List[DDPSeries]]:
 
 def reference(series: Sequence[DDPSeries]) -> Optional[DDPSeries]:
     """The series whose weights the others are compared with: the first exact one (no compression)."""
-    return next((s for s in series if s.backend != "none" and not s.compressed and s.hook != "powersgd"), None)
+    return next((s for s in series if s.backend != "none" and not s.compressed and not s.powersgd), None)

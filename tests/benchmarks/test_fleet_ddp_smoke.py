@@ -55,6 +55,10 @@ def test_series_parsing_and_launches():
     assert [[x.label for x in g] for g in ddp_series.launches(s)] == [
         ["compute", "mccl", "gloo", "big"], ["compute", "mccl-bf16"], ["compute", "mccl+powersgd"]]
     assert [x.label for x in ddp_series.launches(ddp_series.parse("mccl-bf16,gloo"))[0]] == ["gloo"]
+    # each PowerSGD series alone, the batched one too; neither is the weights' reference
+    s = ddp_series.parse("mccl+powersgd,mccl+powersgd_batched:bucket=1000:label=pb")
+    assert [x.powersgd for x in s] == [True, True] and ddp_series.reference(s) is None
+    assert [[x.label for x in g] for g in ddp_series.launches(s)] == [["mccl+powersgd"], ["pb"]]
     # the ranks' variables: a launch per set, the wire type among them; Gloo with the series that set none
     s = ddp_series.parse("gloo,mccl:MCCL_NSOCKS=2,mccl-bf16:MCCL_NSOCKS=2:label=b,mccl")
     assert s[1].env == {"MCCL_NSOCKS": "2"} and s[2].env == {"MCCL_NSOCKS": "2", "MCCL_WIRE_DTYPE": "bf16"}
