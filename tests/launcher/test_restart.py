@@ -112,3 +112,24 @@ def test_ctrl_c_is_not_restarted(tmp_path):
 def test_max_restarts_must_not_be_negative(capsys):
     assert main(["launch", "--local", "2", "--max-restarts", "-1", "--", "true"]) == 2
     assert "argument --max-restarts: must be at least 0, got -1" in capsys.readouterr().err
+
+
+def test_a_signal_during_a_failures_stop_is_not_restarted(monkeypatch, capsys):
+    """Ctrl-C that comes while the ranks are being stopped after a failure ends the job: the supervisor reports
+    the failure (its code) with the signal, and the launcher does not start the ranks again."""
+    from lightning_mccl.cli import launch
+    from lightning_mccl.cli.supervise import Outcome, RankExit
+
+    calls = []
+
+    def fake_supervise(plan, **kwargs):
+        calls.append(plan.restart)
+        spec = plan.rank_specs()[1]
+        failed = RankExit(spec, 4, False)
+        return Outcome(4, "failed", (failed,), failed, signal.SIGINT)
+
+    monkeypatch.setattr(launch, "supervise", fake_supervise)
+    assert main(["launch", "--local", "2", "--max-restarts", "3", "--", "true"]) == 4
+    err = capsys.readouterr().err
+    assert calls == [0] and "restarting" not in err
+    assert "failed: rank 1 on local exited with code 4 (not restarted: the launcher got SIGINT)" in err, err

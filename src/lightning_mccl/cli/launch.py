@@ -49,6 +49,7 @@ import argparse
 import os
 import re
 import shlex
+import signal
 from dataclasses import replace
 from typing import Mapping, Optional, Sequence
 
@@ -141,8 +142,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
         # rank 0's summary line is kept for the end (fleet_summary); after Ctrl-C one line per rank (quiet_stop)
         output = fleet_summary.SummaryTap(PrefixedOutput(plan.rank_specs()))
         outcome = supervise(plan, log=log, output=output if wants_everything() else QuietStop(output))
-        if outcome.reason != "failed" or plan.restart >= plan.max_restarts:
-            break
+        if outcome.reason != "failed" or outcome.signal is not None or plan.restart >= plan.max_restarts:
+            break  # a signal ends the job, also one that came while the ranks stopped after a failure
         f = outcome.failed
         plan = plan.next_attempt(fresh_port)
         log(f"rank {f.spec.rank} on {f.spec.host} failed with exit code {f.returncode}: restarting all "
@@ -153,6 +154,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     elif outcome.reason == "failed":
         f = outcome.failed
         tail = f" (no restarts left after {plan.restart})" if plan.max_restarts else ""
+        if outcome.signal is not None and plan.restart < plan.max_restarts:
+            tail = f" (not restarted: the launcher got {signal.Signals(outcome.signal).name})"
         log(f"failed: rank {f.spec.rank} on {f.spec.host} exited with code {f.returncode}{tail}")
     else:
         log(f"stopped ({outcome.reason}); exit code {outcome.returncode}")

@@ -43,12 +43,14 @@ class RankExit:
 @dataclass(frozen=True)
 class Outcome:
     """returncode: 0, the first failing rank's exit code, 128 + N after signal N, 124 after the timeout, or
-    127/126 when a rank's local process could not be started. reason: ok, failed, signal, timeout, start."""
+    127/126 when a rank's local process could not be started. reason: ok, failed, signal, timeout, start.
+    signal: the signal that also came (SIGINT, SIGTERM, SIGHUP), also when a failure came first."""
 
     returncode: int
     reason: str
     exits: tuple
     failed: Optional[RankExit] = None
+    signal: Optional[int] = None
 
 
 class Supervisor:
@@ -256,9 +258,9 @@ class Supervisor:
         if self._start_error is not None:
             return Outcome(self._start_error, "start", exits, failed)
         if failed is not None:
-            return Outcome(failed.returncode, "failed", exits, failed)
+            return Outcome(failed.returncode, "failed", exits, failed, self._signal)
         if self._signal is not None:
-            return Outcome(128 + self._signal, "signal", exits)
+            return Outcome(128 + self._signal, "signal", exits, signal=self._signal)
         if self._timed_out:
             return Outcome(124, "timeout", exits)
         return Outcome(0, "ok", exits)
