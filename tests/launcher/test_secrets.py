@@ -22,7 +22,9 @@ from pathlib import Path
 import pytest
 
 from cli_runner import MCCL, RANK_PROGRAMS, RUN_TIMEOUT_S, env_with_fake_ssh, fake_ssh_calls, require_script, wait_for_files
-from lightning_mccl.cli.launch_plan import SHIM_BOOTSTRAP
+from lightning_mccl.cli.launch_plan import SHIM_BOOTSTRAP, local_plan
+from lightning_mccl.cli.rank_process import RankSpec
+from lightning_mccl.cli.supervise import Outcome, RankExit
 
 _BASE64_WORD = re.compile(rb"[A-Za-z0-9+/_-]{16,}={0,2}")
 
@@ -60,6 +62,21 @@ def _leaks(text: bytes, needles) -> list:
 def _hostfile(path: Path) -> Path:
     path.write_text("hosts:\n  - {name: mac-0, addr: 127.0.0.1}\n  - {name: mac-1, addr: 127.0.0.2}\n")
     return path
+
+
+def test_reprs_of_plans_specs_and_outcomes_hold_no_secret():
+    """A plan, its rank specs and the outcome that holds them may be printed (a log, a traceback, pytest's
+    assertion rewriting): none of their reprs shows MCCL_AUTH_SECRET or an --env value, raw or in base64."""
+    needles = {"MCCL_AUTH_SECRET": secrets.token_hex(24).encode(), "MY_API_TOKEN": secrets.token_hex(20).encode()}
+    plan = local_plan(2, ["python", "train.py"], env={"MY_API_TOKEN": needles["MY_API_TOKEN"].decode()})
+    specs = plan.rank_specs(base_env={"MCCL_AUTH_SECRET": needles["MCCL_AUTH_SECRET"].decode()})
+    assert all(_leaks(s.stdin, needles) == list(needles) for s in specs)  # the specs do carry both
+    with_env = RankSpec(0, "local", ("python",), env={"MCCL_AUTH_SECRET": needles["MCCL_AUTH_SECRET"].decode()})
+    failed = RankExit(spec=specs[1], returncode=1, stopped=False)
+    outcome = Outcome(returncode=1, reason="failed", exits=(RankExit(specs[0], 0, True), failed), failed=failed)
+    for shown in (plan, *specs, with_env, failed, outcome):
+        text = repr(shown)
+        assert "local" in text and not _leaks(text.encode(), needles), text
 
 
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")

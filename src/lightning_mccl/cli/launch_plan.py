@@ -75,7 +75,8 @@ def resolve_command(command: Sequence[str], python: str) -> Tuple[List[str], boo
 @dataclass(frozen=True)
 class LaunchPlan:
     """Where and how every rank runs. ``ssh=None``: all hosts are this machine (``--local``), or network
-    namespaces of it (``netns``: host i's ranks run in namespace netns[i], see `lightning_mccl.switch`)."""
+    namespaces of it (``netns``: host i's ranks run in namespace netns[i], see `lightning_mccl.switch`).
+    ``env`` (the ``--env`` variables, maybe an API token) is left out of the repr."""
 
     hosts: Tuple[Host, ...]
     command: Tuple[str, ...]
@@ -84,7 +85,7 @@ class LaunchPlan:
     ssh: Optional[Tuple[str, ...]] = None
     python: str = sys.executable
     cwd: Optional[str] = None
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
     grace: float = DEFAULT_GRACE_S
     netns: Optional[Tuple[str, ...]] = None
     restart: int = 0  # which attempt this is (0: the first)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Mapping, Optional
 
 # A rank's output line longer than this without a newline is passed on in pieces.
@@ -17,13 +17,15 @@ MAX_LINE_BYTES = 64 << 10
 class RankSpec:
     """One rank to run: its global rank, the host it runs on (for messages), the local argv that starts it
     (under the rank shim), that local process's environment (None: this process's) and the bytes written
-    to its stdin first (the shim's spec: what must not be on a command line, see `rank_shim`)."""
+    to its stdin first (the shim's spec: what must not be on a command line, see `rank_shim`). The environment
+    and the spec hold the rank's variables, MCCL_AUTH_SECRET included: left out of the repr (and so of the
+    reprs of `supervise.RankExit` and `Outcome`, which hold a RankSpec)."""
 
     rank: int
     host: str
     argv: tuple
-    env: Optional[Mapping[str, str]] = None
-    stdin: bytes = b""
+    env: Optional[Mapping[str, str]] = field(default=None, repr=False)
+    stdin: bytes = field(default=b"", repr=False)
 
     @property
     def label(self) -> str:
