@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import secrets
 import shlex
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 from cli_runner import (MCCL, RANK_PROGRAMS, alive, assert_all_gone, env_with_fake_ssh, fake_ssh_calls, require_script,
                         run_mccl, wait_for_files)
 from lightning_mccl.cli import main, rank_shim
+from lightning_mccl.cli.launch import secret_names_with_values
 from lightning_mccl.cli.launch_plan import SHIM_BOOTSTRAP, hostfile_plan, local_plan, resolve_command
 from lightning_mccl.cli.rank_process import RankSpec, _Rank
 from lightning_mccl.hostfile import parse_hostfile
@@ -81,6 +83,32 @@ def test_bad_hostfile_exits_2_naming_the_problem(tmp_path, capsys):
     bad.write_text("hosts:\n  - {name: -oProxyCommand=evil, addr: 10.0.0.1}\n")
     assert main(["launch", "--hostfile", str(bad), "--", "python", "train.py"]) == 2
     assert "starts with '-'" in capsys.readouterr().err
+
+
+def test_env_help_says_how_to_keep_a_value_off_the_command_line(capsys):
+    assert main(["launch", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert ("NAME alone takes the value from the launcher's environment and keeps it off the command line, where "
+            "`ps` shows NAME=VALUE to every user of this machine") in help_text, help_text
+
+
+def test_secret_looking_names_given_with_a_value():
+    items = ["MY_API_KEY=1", "github_token=x", "DB_Password=y", "HF_HOME=/x", "MCCL_AUTH_SECRET", "SSH_PASS=",
+             "MCCL_DEBUG=INFO"]
+    assert secret_names_with_values(items) == ["MY_API_KEY", "github_token", "DB_Password", "SSH_PASS"]
+
+
+def test_a_secret_value_on_the_command_line_gets_a_warning_naming_only_the_variable(tmp_path):
+    token = secrets.token_hex(16)
+    env = {**os.environ, "DB_PASSWORD": "from-the-environment"}
+    r = run_mccl("launch", "--local", "1", "--env", f"MY_API_TOKEN={token}", "--env", "HF_HOME=/data/hf",
+                 "--env", "DB_PASSWORD", "--", "python", RANK_PROGRAMS, "env", env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (f"mccl: warning: --env MY_API_TOKEN=... puts the value of MY_API_TOKEN on this command line, where `ps` "
+            f"shows it to every user of this machine; export MY_API_TOKEN and give --env MY_API_TOKEN instead"
+            in r.stderr), r.stderr
+    assert token not in r.stdout + r.stderr
+    assert "HF_HOME" not in r.stderr and "DB_PASSWORD" not in r.stderr, r.stderr  # no value given, or no secret
 
 
 # -- the argv of each rank (pure) -----------------------------------------------------------------------------

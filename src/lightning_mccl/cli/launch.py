@@ -25,6 +25,8 @@ set, and, as torchrun does, OMP_NUM_THREADS=1 when several ranks share a machine
 These travel in the rank's spec over the rank shim's stdin (through ssh's encrypted channel), never on a
 command line: ``ps`` shows every user the argv of the shim and of ssh, and the environment may hold
 MCCL_AUTH_SECRET or an API token. On the host, only the rank's own user (and root) can read its environment.
+``--env NAME=VALUE`` is on the launcher's own command line, though: ``--env NAME`` takes the value from the
+launcher's environment instead, and a NAME=VALUE whose name looks secret (SECRET_NAME) gets a warning.
 A command that starts with ``python``/``python3`` runs with ``--python`` (default: the launcher's own
 interpreter), because a non-interactive ssh shell has no virtual environment activated.
 
@@ -51,7 +53,7 @@ import re
 import shlex
 import signal
 from dataclasses import replace
-from typing import Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 from ..hostfile import HostfileError
 from . import fleet_summary
@@ -73,6 +75,8 @@ exit code: the first failing rank's (the others are stopped at once), 130 after 
 --max-restarts N: after a failure, all ranks start again (up to N times; MCCL_RESTART_COUNT says which
 attempt); the exit code is then the last attempt's.
 """
+# An --env NAME=VALUE whose NAME matches this gets a warning: its value is on the launcher's command line.
+SECRET_NAME = re.compile(r"SECRET|TOKEN|KEY|PASSWORD|PASS", re.IGNORECASE)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,7 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the only ports ranks listen on while connecting (sets MCCL_PORT_RANGE; "
                              "e.g. 29600-29700), so a firewall can allow them; default: any free port")
     parser.add_argument("--env", metavar="NAME[=VALUE]", action="append", default=[],
-                        help="set NAME for every rank (NAME alone: this shell's value); repeatable")
+                        help="set NAME for every rank; repeatable. NAME alone takes the value from the launcher's "
+                             "environment and keeps it off the command line, where `ps` shows NAME=VALUE to "
+                             "every user of this machine: use it for secrets")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command every rank runs, after --")
 
 
@@ -106,6 +112,18 @@ def parse_env(items: Sequence[str], environ: Optional[Mapping[str, str]] = None)
             value = environ[name]
         out[name] = value
     return out
+
+
+def secret_names_with_values(items: Sequence[str]) -> List[str]:
+    """The names in --env `items` given as NAME=VALUE that look like secrets (SECRET_NAME)."""
+    return [name for name, sep, _ in (item.partition("=") for item in items) if sep and SECRET_NAME.search(name)]
+
+
+def warn_secret_values(items: Sequence[str], log) -> None:
+    """Logs, for each secret-looking --env NAME=VALUE, that the value is on the command line (never the value)."""
+    for name in secret_names_with_values(items):
+        log(f"warning: --env {name}=... puts the value of {name} on this command line, where `ps` shows it to every "
+            f"user of this machine; export {name} and give --env {name} instead")
 
 
 def supervise(plan: LaunchPlan, *, log, **kwargs) -> Outcome:
@@ -134,6 +152,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     caffeinate = {None: "auto", True: "on", False: "off"}[args.caffeinate]
     plan = replace(plan, max_restarts=args.max_restarts, caffeinate=caffeinate)
     log = make_log(stderr_console())
+    warn_secret_values(args.env, log)
     log(f"launching {plan.describe()}: {shlex.join(plan.command)}")
     if replaced:
         log(f"`python` runs as {plan.python} (see --python)")
