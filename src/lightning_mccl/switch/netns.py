@@ -11,6 +11,7 @@ import subprocess
 from typing import List, Optional, Sequence
 
 SBIN_DIRS = ("/usr/sbin", "/sbin", "/usr/local/sbin")
+COMMAND_TIMEOUT_S = 30.0  # one ip/tc command
 
 
 class SwitchError(RuntimeError):
@@ -70,12 +71,22 @@ def require_privileges() -> None:
         raise SwitchError(problem)
 
 
+def timed_out(e: subprocess.TimeoutExpired, what: str = "") -> SwitchError:
+    """The SwitchError for a command that ran past its timeout: what was being done and the command (the
+    emulator's commands are ip, tc, iperf3 and tcp_probe with addresses and ports: nothing secret)."""
+    command = e.cmd if isinstance(e.cmd, str) else " ".join(map(str, e.cmd))
+    return SwitchError(f"{what + ': ' if what else ''}`{command}` did not finish within {e.timeout:g} s")
+
+
 def run(argv: Sequence[str], *, check: bool = True, what: str = "") -> subprocess.CompletedProcess:
     """Runs one ``ip``/``tc`` command (first word: the tool's name). check: raise SwitchError on failure,
-    naming `what` was being done, the command and its stderr."""
+    naming `what` was being done, the command and its stderr; SwitchError too after COMMAND_TIMEOUT_S."""
     argv = [find_tool(argv[0])] + list(argv[1:])
-    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, timeout=30)
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, timeout=COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        raise timed_out(e, what) from None
     if check and proc.returncode != 0:
         err = proc.stderr.strip() or proc.stdout.strip() or f"exit code {proc.returncode}"
         hint = _hint(err)

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from . import rates
-from .netns import SwitchError
+from .netns import SwitchError, timed_out
 
 SKIP_S = 0.5
+START_TIMEOUT_S = 15.0  # for a receiver (tcp_probe, iperf3 -s) to say it is listening
 
 
 @dataclass(frozen=True)
@@ -75,16 +76,14 @@ def _python(fleet, a: int, b: int, seconds: float) -> float:
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tcp_probe.py")
     receiver = _server(fleet, b, [sys.executable, script, "recv", "--bind", fleet.host_ip(b), "--skip", str(SKIP_S)])
     try:
-        first = receiver.stdout.readline()
+        first = _wait_for_line(receiver, "\n", START_TIMEOUT_S, f"the receiver on host {b}").splitlines()[0]
         try:
             port = json.loads(first)["port"]
-        except (ValueError, KeyError):
-            raise SwitchError(f"probe: the receiver on host {b} did not start: {first!r} "
-                              f"{receiver.stderr.read()[-800:] if receiver.poll() is not None else ''}") from None
-        sender = subprocess.run(
-            fleet.exec_argv(a, [sys.executable, script, "send", "--to", fleet.host_ip(b), "--port", str(port),
-                                "--seconds", str(seconds)]),
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=seconds + 30)
+        except (ValueError, KeyError, TypeError):
+            raise SwitchError(f"probe: the receiver on host {b} did not start: {first!r}") from None
+        sender = _run(fleet.exec_argv(a, [sys.executable, script, "send", "--to", fleet.host_ip(b), "--port",
+                                          str(port), "--seconds", str(seconds)]),
+                      seconds + 30, f"probe: the sender on host {a}")
         if sender.returncode != 0:
             raise SwitchError(f"probe: the sender on host {a} failed: {sender.stderr.strip()[-800:]}")
         out = _finish(receiver, 30, f"the receiver on host {b}")
@@ -100,11 +99,10 @@ def _iperf3(fleet, a: int, b: int, seconds: float) -> float:
     # --forceflush: the "Server listening" line arrives at once, and the client starts only after it
     server = _server(fleet, b, ["iperf3", "-s", "-1", "--forceflush", "-B", fleet.host_ip(b), "-p", port])
     try:
-        _wait_for_line(server, "Server listening", 15.0, f"the iperf3 server on host {b}")
-        client = subprocess.run(
-            fleet.exec_argv(a, ["iperf3", "-c", fleet.host_ip(b), "-p", port, "-t", f"{seconds:g}",
-                                "-O", f"{SKIP_S:g}", "-J"]),
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=seconds + 30)
+        _wait_for_line(server, "Server listening", START_TIMEOUT_S, f"the iperf3 server on host {b}")
+        client = _run(fleet.exec_argv(a, ["iperf3", "-c", fleet.host_ip(b), "-p", port, "-t", f"{seconds:g}",
+                                          "-O", f"{SKIP_S:g}", "-J"]),
+                      seconds + 30, f"probe: iperf3 from host {a}")
         if client.returncode != 0:
             raise SwitchError(f"probe: iperf3 from host {a} failed: {(client.stdout + client.stderr)[-800:]}")
         _finish(server, 30, f"the iperf3 server on host {b}")
@@ -115,8 +113,16 @@ def _iperf3(fleet, a: int, b: int, seconds: float) -> float:
     return float(json.loads(client.stdout)["end"]["sum_received"]["bits_per_second"])
 
 
-def _wait_for_line(proc: subprocess.Popen, text: str, timeout: float, what: str) -> None:
-    """Reads `proc`'s stdout (raw: no buffer that select cannot see) until `text` appears."""
+def _run(argv, timeout: float, what: str) -> subprocess.CompletedProcess:
+    """`argv` to completion, its output captured; SwitchError naming `what` and the command after `timeout`."""
+    try:
+        return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise timed_out(e, what) from None
+
+
+def _wait_for_line(proc: subprocess.Popen, text: str, timeout: float, what: str) -> str:
+    """Reads `proc`'s stdout (raw: no buffer that select cannot see) until `text` appears; returns what it read."""
     deadline = time.monotonic() + timeout
     fd = proc.stdout.fileno()
     seen = b""
@@ -130,5 +136,5 @@ def _wait_for_line(proc: subprocess.Popen, text: str, timeout: float, what: str)
                               f"{proc.stderr.read()[-500:]}")
         seen += chunk
         if text.encode() in seen:
-            return
+            return seen.decode(errors="replace")
     raise SwitchError(f"probe: {what} did not start within {timeout:g} s: {seen.decode(errors='replace')[-500:]}")
