@@ -104,7 +104,7 @@ def parse_hostfile(data, path: str = "<memory>") -> Hostfile:
                 raise HostfileError(f"{path}: hosts[{seen[value]}] and hosts[{i}] have the same {key} {value!r}")
             seen[value] = i
     port = data.get("master_port", 29500)
-    if not isinstance(port, int) or not 0 < port < 65536:
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise HostfileError(f"{path}: master_port must be an integer port, got {port!r}")
     return Hostfile(hosts=tuple(hosts), master_port=port, path=path)
 

@@ -67,6 +67,10 @@ def pids_of(out_dir: Path, ranks) -> list:
     (["launch", "--local", "2", "--chdir", "/no/such/dir", "--", "true"], "--chdir /no/such/dir: no such directory"),
     (["launch", "--hostfile", "/no/such/fleet.yaml", "--", "true"], "cannot read hostfile /no/such/fleet.yaml"),
     (["doctor", "--local", "2", "--", "python", "x.py"], "mccl doctor takes no command"),
+    (["doctor", "--local", "2", "--timeout", "0"], "argument --timeout: must be more than 0 seconds, got 0"),
+    (["doctor", "--local", "2", "--timeout", "-1"], "argument --timeout: must be more than 0 seconds, got -1"),
+    (["doctor", "--local", "2", "--timeout", "soon"], "argument --timeout: 'soon' is not a number of seconds"),
+    (["launch", "--local", "2", "--grace", "-1", "--", "true"], "argument --grace: must not be negative, got -1.0"),
 ])
 def test_argument_errors_exit_2_with_a_message(capsys, args, message):
     assert main(args) == 2

@@ -123,3 +123,19 @@ def test_strategy_option_adds_one_callback_to_fits_only(no_launch_env):
     assert t.callbacks == []
     with pytest.raises(ValueError, match="every_n_steps=0"):
         CommMetrics(every_n_steps=0)
+
+
+@pytest.mark.parametrize("bad", [0, 1, "no", None])
+def test_comm_metrics_is_a_bool_or_an_instance(no_launch_env, bad):
+    from types import SimpleNamespace
+
+    from lightning_mccl.lightning import MCCLStrategy
+    from lightning_mccl.lightning.comm_metrics import attach
+
+    message = f"MCCLStrategy(comm_metrics={bad!r}): expected True, False or a CommMetrics(...) instance"
+    with pytest.raises(ValueError) as info:
+        MCCLStrategy(comm_metrics=bad)
+    assert str(info.value) == message
+    with pytest.raises(ValueError) as info:
+        attach(SimpleNamespace(state=SimpleNamespace(fn="fit"), callbacks=[]), bad)
+    assert str(info.value) == message

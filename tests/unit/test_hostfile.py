@@ -48,6 +48,7 @@ def test_bare_list_and_default_port():
     ({"hosts": [{"name": "a", "addr": "1.1.1.1"}, {"name": "a", "addr": "1.1.1.2"}]},
      "hosts[0] and hosts[1] have the same name 'a'"),
     ({"hosts": ["a"], "master_port": 70000}, "master_port must be an integer port"),
+    ({"hosts": ["a"], "master_port": True}, "master_port must be an integer port, got True"),
 ])
 def test_bad_hostfiles_name_the_problem(data, fragment):
     with pytest.raises(HostfileError) as info:

@@ -33,7 +33,7 @@ from .host_checks import FAIL, OK, Finding, judge, path_fix
 from . import doctor_reduction
 from .console import make_log, stderr_console, stdout_console
 from .doctor_bench import RESULT_MARKER
-from .fleet_args import _positive_int, _seconds, add_fleet_arguments, plan_from_args
+from .fleet_args import _positive_int, _positive_seconds, add_fleet_arguments, plan_from_args
 from .launch import supervise
 from .launch_plan import LaunchError, LaunchPlan
 from .prefixed_output import PrefixedOutput
@@ -134,7 +134,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timed repetitions of each bandwidth/allreduce measurement (default: %(default)d)")
     parser.add_argument("--latency-iters", metavar="N", type=_positive_int, default=50,
                         help="timed round trips per pair (default: %(default)d)")
-    parser.add_argument("--timeout", metavar="S", type=_seconds, default=180.0,
+    parser.add_argument("--timeout", metavar="S", type=_positive_seconds, default=180.0,
                         help="limit for the measurement run, seconds (default: %(default)g)")
     parser.add_argument("--verbose", action="store_true", help="show the hosts' output (prefixed, on stderr)")
 

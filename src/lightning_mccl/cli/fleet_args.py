@@ -37,13 +37,26 @@ def _port(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> float:
+def _number_of_seconds(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: seconds, 0 or more."""
+    value = _number_of_seconds(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    """An argparse type: seconds, more than 0 (a limit of 0 would end the run at once)."""
+    value = _number_of_seconds(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
     return value
 
 

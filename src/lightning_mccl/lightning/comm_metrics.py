@@ -29,7 +29,7 @@ import json
 import os
 import socket
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -178,10 +178,18 @@ class CommMetrics(Callback):
         return summary_text(self.summary_record())
 
 
-def attach(trainer: "pl.Trainer", option) -> None:
+def comm_metrics_option(option: Union[bool, CommMetrics]) -> Union[bool, CommMetrics]:
+    """`option` if it is an MCCLStrategy `comm_metrics` value (True, False or a CommMetrics), else ValueError
+    naming it (0, "no" or None do not mean off)."""
+    if isinstance(option, (bool, CommMetrics)):
+        return option
+    raise ValueError(f"MCCLStrategy(comm_metrics={option!r}): expected True, False or a CommMetrics(...) instance")
+
+
+def attach(trainer: "pl.Trainer", option: Union[bool, CommMetrics]) -> None:
     """Adds the CommMetrics of an MCCLStrategy's `comm_metrics` option to a fitting Trainer (once; a
     CommMetrics the user gave the Trainer is kept instead)."""
-    if option is False or option is None or trainer.state.fn != "fit":
+    if comm_metrics_option(option) is False or trainer.state.fn != "fit":
         return
     if any(isinstance(c, CommMetrics) for c in trainer.callbacks):
         return

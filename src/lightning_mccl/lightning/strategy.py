@@ -60,7 +60,7 @@ from .internals import checked
 _init_dist_connection = checked("lightning.fabric.utilities.distributed", "_init_dist_connection",
                                 ("cluster_environment", "torch_distributed_backend"))
 from . import comm_metrics
-from .comm_metrics import CommMetrics
+from .comm_metrics import CommMetrics, comm_metrics_option
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,8 @@ class MCCLStrategy(DDPStrategy):
             bucket_cap_mb defaults to MCCL_BUCKET_CAP_MB (5) over mccl, POWERSGD_BUCKET_CAP_MB (1000: one
             bucket) with compress="powersgd" over mccl, DDP's own (25) over other backends.
         comm_metrics: True (default) adds a `CommMetrics` callback to fits (comm/* metrics in the loggers, the
-            straggler report); False turns it off; a `CommMetrics(...)` instance is used as given.
+            straggler report); False turns it off; a `CommMetrics(...)` instance is used as given; anything
+            else (0, "no", None) is a ValueError.
         options: the process group's settings (`lightning_mccl.Options(spin_us=0)` or a dict of MCCL_*
             variables), given to `init_process_group` as `pg_options`; they override the environment for this
             group (docs/settings.md). The wire type is `compress`'s, not an option.
@@ -170,7 +171,7 @@ class MCCLStrategy(DDPStrategy):
         self.compress = compress
         self.compress_options = plan.options
         self._compress_plan = plan
-        self.comm_metrics = comm_metrics
+        self.comm_metrics = comm_metrics_option(comm_metrics)
         self.options = options
 
     def _uses_mccl(self) -> bool:
