@@ -10,8 +10,9 @@
         addr: 10.0.0.12
 
 JSON with the same keys works too. Host i is node rank i; host 0 runs the rendezvous (MASTER_ADDR).
-Each Mac finds its own node rank by matching its interface addresses against `addr` (or MCCL_NODE_RANK
-/ NODE_RANK when set), so the same command line runs unchanged on every host.
+Each Mac finds its own node rank by matching its interface addresses against `addr` (or from the first of
+NODE_RANK_VARS that is set: MCCL_NODE_RANK, NODE_RANK, torchrun's GROUP_RANK), so the same command line runs
+unchanged on every host.
 """
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
+
+
+# The variables that say this host's node rank, in order of precedence; set, they win over the hostfile's addrs.
+NODE_RANK_VARS = ("MCCL_NODE_RANK", "NODE_RANK", "GROUP_RANK")
 
 
 class HostfileError(ValueError):
@@ -140,10 +145,10 @@ def _resolve(addr: str) -> set:
 
 def find_node_rank(hostfile: Hostfile, env: Optional[Mapping[str, str]] = None,
                    addresses: Optional[Sequence[str]] = None) -> int:
-    """This host's node rank: MCCL_NODE_RANK (or NODE_RANK) if set, else the one host whose `addr`
+    """This host's node rank: the first of NODE_RANK_VARS that is set, else the one host whose `addr`
     is one of this machine's addresses. Raises HostfileError when none or several match."""
     env = os.environ if env is None else env
-    for var in ("MCCL_NODE_RANK", "NODE_RANK"):
+    for var in NODE_RANK_VARS:
         if env.get(var, "") != "":
             try:
                 rank = int(env[var])

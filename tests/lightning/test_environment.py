@@ -62,7 +62,7 @@ def test_ifname_already_set_is_kept(no_launch_env, fleet):
     assert os.environ["MCCL_SOCKET_IFNAME"] == "en0"
 
 
-@pytest.mark.parametrize("var", ["MCCL_NODE_RANK", "NODE_RANK"])
+@pytest.mark.parametrize("var", ["MCCL_NODE_RANK", "NODE_RANK", "GROUP_RANK"])
 def test_node_rank_variable_wins_over_addresses(no_launch_env, fleet, var):
     from lightning_mccl.lightning import MacFleetEnvironment
 

@@ -81,6 +81,9 @@ def test_node_rank_from_this_machines_addresses():
 def test_node_rank_from_the_environment_wins():
     assert find_node_rank(FLEET, env={"MCCL_NODE_RANK": "2"}, addresses=["10.0.0.11"]) == 2
     assert find_node_rank(FLEET, env={"NODE_RANK": "0"}, addresses=[]) == 0
+    assert find_node_rank(FLEET, env={"GROUP_RANK": "1"}, addresses=["10.0.0.11"]) == 1  # torchrun's name
+    assert find_node_rank(FLEET, env={"MCCL_NODE_RANK": "2", "NODE_RANK": "1", "GROUP_RANK": "0"}, addresses=[]) == 2
+    assert find_node_rank(FLEET, env={"NODE_RANK": "", "GROUP_RANK": "2"}, addresses=[]) == 2  # empty: unset
 
 
 def test_node_rank_errors():
@@ -92,6 +95,8 @@ def test_node_rank_errors():
         find_node_rank(FLEET, env={"MCCL_NODE_RANK": "3"}, addresses=[])
     with pytest.raises(HostfileError, match=r"NODE_RANK='x' is not an integer"):
         find_node_rank(FLEET, env={"NODE_RANK": "x"}, addresses=[])
+    with pytest.raises(HostfileError, match=r"^GROUP_RANK=5 is outside the 3 hosts of fleet.yaml$"):
+        find_node_rank(FLEET, env={"GROUP_RANK": "5"}, addresses=["10.0.0.11"])
 
 
 def test_local_addresses_include_loopback():

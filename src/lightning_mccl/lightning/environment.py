@@ -5,8 +5,8 @@
     # or, with no plugin at all: MCCL_HOSTFILE=fleet.yaml python train.py   (see MacFleetEnvironment.detect)
 
 With a hostfile (`lightning_mccl.hostfile`), each Mac finds its node rank by matching its own addresses
-against the hosts' `addr` (or from MCCL_NODE_RANK / NODE_RANK), the main address is host 0's `addr` and the
-port is the file's `master_port`. The host's `ifname`, when given, becomes MCCL_SOCKET_IFNAME unless that is
+against the hosts' `addr` (or from MCCL_NODE_RANK / NODE_RANK / GROUP_RANK: `hostfile.NODE_RANK_VARS`), the
+main address is host 0's `addr` and the port is the file's `master_port`. The host's `ifname`, when given, becomes MCCL_SOCKET_IFNAME unless that is
 already set. Without a hostfile the values come from the variables torchrun and Lightning's launcher set.
 
 Environment variables win over the hostfile where both say something (MASTER_ADDR, MASTER_PORT, the node
@@ -28,11 +28,10 @@ from lightning.fabric.plugins.environments.cluster_environment import ClusterEnv
 from lightning.fabric.plugins.environments.lightning import find_free_network_port
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
-from ..hostfile import Hostfile, HostfileError, find_node_rank, load_hostfile
+from ..hostfile import NODE_RANK_VARS, Hostfile, HostfileError, find_node_rank, load_hostfile
 
 HOSTFILE_VAR = "MCCL_HOSTFILE"
 IFNAME_VAR = "MCCL_SOCKET_IFNAME"
-NODE_RANK_VARS = ("MCCL_NODE_RANK", "NODE_RANK", "GROUP_RANK")
 
 
 def _int_env(name: str) -> Optional[int]:
