@@ -182,3 +182,23 @@ def test_mccl_strategy_uses_the_fleet_named_by_mccl_hostfile(no_launch_env, flee
     assert type(trainer.strategy.cluster_environment) is MyEnvironment
     trainer = L.Trainer(strategy="ddp", **kwargs)
     assert type(trainer.strategy.cluster_environment) is not MacFleetEnvironment
+
+
+def test_mccl_fabric_strategy_uses_the_fleet_named_by_mccl_hostfile(no_launch_env, fleet):
+    import lightning as L
+    from lightning.fabric.plugins.environments import LightningEnvironment
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    from lightning_mccl.lightning import MacFleetEnvironment
+
+    no_launch_env.setenv("MCCL_HOSTFILE", str(fleet))
+    no_launch_env.setattr(rank_zero_only, "rank", 0)
+    fabric = L.Fabric(strategy="mccl", accelerator="cpu", devices=1, num_nodes=3)
+    assert type(fabric.strategy.cluster_environment) is MacFleetEnvironment
+    assert (fabric.node_rank, fabric.global_rank, fabric.world_size) == (1, 1, 3)
+
+    class MyEnvironment(LightningEnvironment):
+        pass
+
+    fabric = L.Fabric(strategy="mccl", accelerator="cpu", devices=1, num_nodes=3, plugins=[MyEnvironment()])
+    assert type(fabric.strategy.cluster_environment) is MyEnvironment

@@ -104,6 +104,20 @@ def test_arguments_compress_timeout_ddp_kwargs_and_hint():
     assert "bucket_cap_mb" not in MCCLFabricStrategy(process_group_backend="gloo")._ddp_kwargs
 
 
+@pytest.mark.parametrize("name", ["MCCLStrategy", "MCCLFabricStrategy"])
+def test_timeout_is_a_timedelta_or_a_positive_number_of_seconds(name):
+    import lightning_mccl.lightning
+
+    cls = getattr(lightning_mccl.lightning, name)
+    assert cls(timeout=1.5)._timeout == timedelta(seconds=1.5)
+    assert cls(timeout=timedelta(minutes=2))._timeout == timedelta(minutes=2)
+    assert cls(timeout=None)._timeout is None
+    for bad in (0, -1, "soon", True):
+        with pytest.raises(ValueError) as info:
+            cls(timeout=bad)
+        assert str(info.value) == f"{name}(timeout={bad!r}): expected a timedelta or a positive number of seconds"
+
+
 def test_wire_compression_conflicts_are_named(monkeypatch):
     from lightning_mccl import _backend
     from lightning_mccl.lightning import compress

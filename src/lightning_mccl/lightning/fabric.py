@@ -28,7 +28,6 @@ from typing import Any, Optional, Union
 from typing_extensions import override
 
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, Strategy
 from lightning.fabric.strategies.registry import _StrategyRegistry
 from lightning.fabric.utilities.distributed import _init_dist_connection
@@ -37,7 +36,7 @@ import torch
 
 from .. import _backend
 from . import mps_gate
-from .strategy import MCCL_BUCKET_CAP_MB, _destroy_at_exit
+from .strategy import MCCL_BUCKET_CAP_MB, _destroy_at_exit, fleet_environment, group_timeout
 
 BACKEND = _backend.BACKEND_NAME
 
@@ -47,23 +46,14 @@ class MCCLFabricStrategy(DDPStrategy):
 
     def __init__(self, *args: Any, process_group_backend: Optional[str] = BACKEND,
                  timeout: Optional[Union[timedelta, float]] = default_pg_timeout, **kwargs: Any) -> None:
-        if timeout is not None and not isinstance(timeout, timedelta):
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-                raise ValueError(
-                    f"MCCLFabricStrategy(timeout={timeout!r}): expected a timedelta or a positive number of seconds"
-                )
-            timeout = timedelta(seconds=timeout)
+        timeout = group_timeout(timeout, "MCCLFabricStrategy")
         if process_group_backend == BACKEND and kwargs.get("bucket_cap_mb") is None:
             kwargs["bucket_cap_mb"] = MCCL_BUCKET_CAP_MB  # the strategy's fleet default (strategy.py says why)
         super().__init__(*args, process_group_backend=process_group_backend, timeout=timeout, **kwargs)
 
     @override
     def _set_world_ranks(self) -> None:
-        if type(self.cluster_environment) is LightningEnvironment:
-            from .environment import MacFleetEnvironment
-
-            if MacFleetEnvironment.detect():
-                self.cluster_environment = MacFleetEnvironment()
+        self.cluster_environment = fleet_environment(self.cluster_environment)  # $MCCL_HOSTFILE's fleet
         super()._set_world_ranks()
 
     @override

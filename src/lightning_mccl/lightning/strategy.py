@@ -79,6 +79,27 @@ MCCL_BUCKET_CAP_MB = 5.0
 POWERSGD_BUCKET_CAP_MB = 1000.0
 
 
+def group_timeout(timeout: Optional[Union[timedelta, float]], owner: str) -> Optional[timedelta]:
+    """A strategy's `timeout` argument as the process group's timedelta (None stays None); ValueError naming
+    `owner` for anything but a timedelta or a positive number of seconds."""
+    if timeout is None or isinstance(timeout, timedelta):
+        return timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"{owner}(timeout={timeout!r}): expected a timedelta or a positive number of seconds")
+    return timedelta(seconds=timeout)
+
+
+def fleet_environment(env: Optional[ClusterEnvironment]) -> Optional[ClusterEnvironment]:
+    """The cluster environment of the mccl strategies (Trainer's and Fabric's): a `MacFleetEnvironment` when
+    $MCCL_HOSTFILE names the fleet and `env` is only Lightning's fallback `LightningEnvironment`, else `env`
+    (one the user chose or that Lightning detected, such as torchrun's or SLURM's)."""
+    if type(env) is not LightningEnvironment:
+        return env
+    from .environment import MacFleetEnvironment  # here: importing it imports Lightning, which imports this module
+
+    return MacFleetEnvironment() if MacFleetEnvironment.detect() else env
+
+
 class MCCLStrategy(DDPStrategy):
     """DDP over `mccl`: one process per device (one per Mac on MPS), gradients all-reduced over TCP.
 
@@ -138,12 +159,7 @@ class MCCLStrategy(DDPStrategy):
         plan = _compress.plan(compress, compress_options, process_group_backend == BACKEND, ddp_comm_hook,
                               ddp_comm_wrapper, ddp_comm_state)
         ddp_comm_hook, ddp_comm_wrapper, ddp_comm_state = plan.hook, plan.wrapper, plan.state
-        if timeout is not None and not isinstance(timeout, timedelta):
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-                raise ValueError(
-                    f"MCCLStrategy(timeout={timeout!r}): expected a timedelta or a positive number of seconds"
-                )
-            timeout = timedelta(seconds=timeout)
+        timeout = group_timeout(timeout, "MCCLStrategy")
         kwargs.update(
             find_unused_parameters=find_unused_parameters,
             static_graph=static_graph,
@@ -179,13 +195,7 @@ class MCCLStrategy(DDPStrategy):
 
     @override
     def set_world_ranks(self) -> None:
-        # A fleet described by $MCCL_HOSTFILE replaces Lightning's fallback environment (never one the user chose
-        # or that Lightning detected, such as torchrun's or SLURM's).
-        if type(self.cluster_environment) is LightningEnvironment:
-            from .environment import MacFleetEnvironment
-
-            if MacFleetEnvironment.detect():
-                self.cluster_environment = MacFleetEnvironment()
+        self.cluster_environment = fleet_environment(self.cluster_environment)  # $MCCL_HOSTFILE's fleet
         super().set_world_ranks()
 
     @override
