@@ -14,7 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Iterator, Optional, Sequence
 
 from lightning_mccl.cli.launch import supervise
@@ -33,7 +33,6 @@ class Placement:
     fleet: Optional[SwitchFleet] = None
     log: object = None
     _port: int = 29500
-    header: Dict[str, str] = field(default_factory=dict)
 
     @property
     def ifname(self) -> str:

@@ -59,11 +59,6 @@ def write_csv(path: str, rows: Sequence[dict]) -> None:
         w.writerows(rows)
 
 
-def read_csv(path: str) -> List[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def markdown(title: str, header: Dict[str, str], table: Table, notes: Sequence[str] = ()) -> str:
     cols, rows = table
     lines = [f"# {title}", ""]

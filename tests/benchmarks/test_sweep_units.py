@@ -2,6 +2,8 @@
 every collective against float64, the report files."""
 from __future__ import annotations
 
+import csv
+
 import pytest
 import torch
 
@@ -78,7 +80,8 @@ def test_check_accepts_right_and_rejects_wrong_results(op):
 def test_report_files(tmp_path):
     rows = [{"size_bytes": 4096, "series": "mccl", "x": 1.5}, {"size_bytes": 8192, "series": "gloo", "y": "a"}]
     report.write_csv(tmp_path / "r.csv", rows)
-    back = report.read_csv(tmp_path / "r.csv")
+    with open(tmp_path / "r.csv", newline="") as f:
+        back = list(csv.DictReader(f))
     assert list(back[0]) == ["size_bytes", "series", "x", "y"] and back[1]["y"] == "a"
     md = report.markdown("T", {"command": "x --y", "where": "here"}, (["a", "b"], [["1", "2"]]), ["note"])
     assert "- command: `x --y`" in md and "| a | b |\n|---|---|\n| 1 | 2 |" in md and md.endswith("note\n")

@@ -90,25 +90,32 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
             return _status(out, log)
         fleet = SwitchFleet.attach(args.tag)
         if cmd == "exec":
-            argv = list(command or [])
-            if not argv:
-                parser.error("missing the command after --, e.g. mccl switch exec 0 -- ip addr")
-            argv = fleet.exec_argv(args.host, argv)
-            os.execv(argv[0], argv)
-        if cmd == "probe":
-            r = measure_goodput(fleet, args.a, args.b, args.seconds, tool=args.tool)
-            table = Table(title=f"TCP goodput ({r.tool})", title_justify="left", caption=fleet.describe(),
-                          caption_justify="left")
-            for col in ("from", "to", "Gbit/s", "of rate", "of line rate (0.956 x rate)"):
-                table.add_column(col, justify="right")
-            table.add_row(str(r.a), str(r.b), f"{r.bits_per_second / 1e9:.3f}", f"{r.fraction_of_rate:.3f}",
-                          f"{r.fraction_of_line_rate:.3f}")
-            out.print(table)
-            return 0
+            _exec(fleet, args.host, command, parser)  # replaces this process
+        return _probe(fleet, args, out)  # the one command left: argparse allows no other
     except (SwitchError, ValueError) as e:
         log(str(e))
         return 1
-    return 2
+
+
+def _exec(fleet: SwitchFleet, host: int, command: Optional[Sequence[str]], parser: argparse.ArgumentParser) -> None:
+    """`mccl switch exec`: this process becomes `command` on `host` (parser.error without a command)."""
+    if not command:
+        parser.error("missing the command after --, e.g. mccl switch exec 0 -- ip addr")
+    argv = fleet.exec_argv(host, list(command))
+    os.execv(argv[0], argv)
+
+
+def _probe(fleet: SwitchFleet, args: argparse.Namespace, out) -> int:
+    """`mccl switch probe`: the goodput from host args.a to args.b, as a table."""
+    r = measure_goodput(fleet, args.a, args.b, args.seconds, tool=args.tool)
+    table = Table(title=f"TCP goodput ({r.tool})", title_justify="left", caption=fleet.describe(),
+                  caption_justify="left")
+    for col in ("from", "to", "Gbit/s", "of rate", "of line rate (0.956 x rate)"):
+        table.add_column(col, justify="right")
+    table.add_row(str(r.a), str(r.b), f"{r.bits_per_second / 1e9:.3f}", f"{r.fraction_of_rate:.3f}",
+                  f"{r.fraction_of_line_rate:.3f}")
+    out.print(table)
+    return 0
 
 
 def _tag_opt(tag: str) -> str:
