@@ -1,9 +1,9 @@
 """The Lightning coupling: the internals lightning-mccl uses are checked at import, and the MPS gate changes
 nothing that another Trainer (on another thread) could see.
 
-- A Lightning whose `_init_dist_connection` or connector check has another shape (here: a fake, patched in
-  a child process before the strategy module is imported) makes the import fail with LightningVersionError
-  naming the Lightning version and the tested ones.
+- A Lightning whose `_init_dist_connection`, connector check or overridden DDPStrategy private has another
+  shape or is gone (here: a fake, patched in a child process before the strategy modules are imported) makes
+  the import fail with LightningVersionError naming the Lightning version and the tested ones.
 - While an MCCLStrategy instance passes the connector on the MPS stand-in, another thread's DDPStrategy
   Trainer is still refused, and no module global of Lightning's was rebound.
 """
@@ -21,35 +21,55 @@ import pytest
 from launch_env import clean_env
 
 # One child process tries every fake shape in turn (importing Lightning once): each case patches Lightning,
-# imports the strategy module afresh (every lightning_mccl.lightning module dropped first, so that each
+# imports the strategy modules afresh (every lightning_mccl.lightning module dropped first, so that each
 # check runs again), prints what the import raised as one JSON line, and puts Lightning back.
 FAKE_SHAPES = textwrap.dedent("""
     import json, sys
     import lightning, lightning.fabric.utilities.distributed as d
+    from lightning.fabric.strategies import ddp as fabric_ddp
+    from lightning.pytorch.strategies import ddp as trainer_ddp
     from lightning.pytorch.trainer.connectors import accelerator_connector as c
     lightning.__version__ = "9.9.9"
     connector = c._AcceleratorConnector
-    saved = (d._init_dist_connection, connector._check_config_and_set_final_flags)
+
+    def _init_dist_connection(env, backend_name_changed, rank=None):
+        pass
+
+    def _check_config_and_set_final_flags(self, strategy, accelerator, precision, plugins):
+        pass
+
+    def _register_ddp_hooks(self, model):
+        pass
+
+    def _determine_ddp_device_ids(self, index):
+        pass
+
+    # change: (owner, name, the fake put there; None: the name removed)
+    CHANGES = {
+        "init": (d, "_init_dist_connection", _init_dist_connection),
+        "connector": (connector, "_check_config_and_set_final_flags", _check_config_and_set_final_flags),
+        "gone": (connector, "_check_config_and_set_final_flags", None),
+        "hooks": (trainer_ddp.DDPStrategy, "_register_ddp_hooks", _register_ddp_hooks),
+        "fabric_setup": (fabric_ddp.DDPStrategy, "_setup_distributed", None),
+        "fabric_ranks": (fabric_ddp.DDPStrategy, "_set_world_ranks", None),
+        "fabric_device_ids": (fabric_ddp.DDPStrategy, "_determine_ddp_device_ids", _determine_ddp_device_ids),
+    }
     for change in sys.argv[1:]:
         for name in [m for m in sys.modules if m == "lightning_mccl.lightning" or m.startswith("lightning_mccl.lightning.")]:
             del sys.modules[name]
-        if change == "init":
-            def _init_dist_connection(env, backend_name_changed, rank=None):
-                pass
-            d._init_dist_connection = _init_dist_connection
-        elif change == "connector":
-            def _check_config_and_set_final_flags(self, strategy, accelerator, precision, plugins):
-                pass
-            connector._check_config_and_set_final_flags = _check_config_and_set_final_flags
+        owner, name, fake = CHANGES[change]
+        saved = vars(owner)[name]
+        if fake is None:
+            delattr(owner, name)
         else:
-            del connector._check_config_and_set_final_flags
+            setattr(owner, name, fake)
         try:
-            import lightning_mccl.lightning.strategy
+            import lightning_mccl.lightning.strategy, lightning_mccl.lightning.fabric
             raised = None
         except ImportError as e:
             raised = f"{type(e).__name__} {e}"
         print(json.dumps({change: raised}), flush=True)
-        d._init_dist_connection, connector._check_config_and_set_final_flags = saved
+        setattr(owner, name, saved)
 """)
 SHAPES = [
     ("init", "lightning.fabric.utilities.distributed._init_dist_connection",
@@ -58,6 +78,12 @@ SHAPES = [
      "has parameters (self, strategy, accelerator, precision, plugins), expected (self, strategy, accelerator, "
      "precision, plugins, sync_batchnorm, ...)"),
     ("gone", "_AcceleratorConnector._check_config_and_set_final_flags", "does not exist"),
+    ("hooks", "lightning.pytorch.strategies.ddp.DDPStrategy._register_ddp_hooks",
+     "has parameters (self, model), expected (self, ...)"),
+    ("fabric_setup", "lightning.fabric.strategies.ddp.DDPStrategy._setup_distributed", "does not exist"),
+    ("fabric_ranks", "lightning.fabric.strategies.ddp.DDPStrategy._set_world_ranks", "does not exist"),
+    ("fabric_device_ids", "lightning.fabric.strategies.ddp.DDPStrategy._determine_ddp_device_ids",
+     "has parameters (self, index), expected (self, ...)"),
 ]
 
 
@@ -90,9 +116,10 @@ def test_an_unexpected_lightning_shape_fails_the_import_naming_the_version(shape
 def test_the_installed_lightning_passes_the_checks():
     from lightning.fabric.utilities import distributed
 
-    from lightning_mccl.lightning import strategy
+    from lightning_mccl.lightning import fabric, strategy
 
     assert strategy._init_dist_connection is distributed._init_dist_connection
+    assert fabric._init_dist_connection is distributed._init_dist_connection
 
 
 def test_the_mps_gate_rebinds_nothing_and_other_threads_are_still_refused(mps_stand_in, tmp_path):

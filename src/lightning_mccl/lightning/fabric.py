@@ -14,7 +14,8 @@ The Fabric counterpart of `MCCLStrategy` (strategy.py), with the same overrides 
 - `_set_world_ranks`: with $MCCL_HOSTFILE set and only the fallback `LightningEnvironment` chosen, the
   hostfile's fleet (`MacFleetEnvironment`).
 
-Fabric's connector refuses a `ParallelStrategy` instance with an MPS accelerator
+These three DDPStrategy privates and `_init_dist_connection` (imported from strategy.py) are checked at
+import (`internals`). Fabric's connector refuses a `ParallelStrategy` instance with an MPS accelerator
 (`_Connector._check_config_and_set_final_flags`) exactly as the Trainer's does; the names above pass it (no
 "ddp"/"dp" in them), and `mps_gate.install` lets `MCCLFabricStrategy` instances through that one
 check, as it does `MCCLStrategy` in the Trainer's. No CommMetrics here: Fabric has no callbacks
@@ -29,14 +30,15 @@ from typing_extensions import override
 
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, Strategy
-from lightning.fabric.strategies.registry import _StrategyRegistry
-from lightning.fabric.utilities.distributed import _init_dist_connection
 
 import torch
 
 from .. import _backend
 from . import mps_gate
-from .strategy import MCCL_BUCKET_CAP_MB, _destroy_at_exit, fleet_environment, group_timeout
+from .internals import checked_override
+from .strategy import MCCL_BUCKET_CAP_MB, _destroy_at_exit, _init_dist_connection, fleet_environment, group_timeout
+
+FABRIC_DDP = "lightning.fabric.strategies.ddp"  # where the DDPStrategy privates overridden here live
 
 BACKEND = _backend.BACKEND_NAME
 
@@ -52,11 +54,13 @@ class MCCLFabricStrategy(DDPStrategy):
         super().__init__(*args, process_group_backend=process_group_backend, timeout=timeout, **kwargs)
 
     @override
+    @checked_override(FABRIC_DDP, "DDPStrategy._set_world_ranks")
     def _set_world_ranks(self) -> None:
         self.cluster_environment = fleet_environment(self.cluster_environment)  # $MCCL_HOSTFILE's fleet
         super()._set_world_ranks()
 
     @override
+    @checked_override(FABRIC_DDP, "DDPStrategy._setup_distributed")
     def _setup_distributed(self) -> None:
         if self._get_process_group_backend() != BACKEND:
             super()._setup_distributed()
@@ -70,12 +74,13 @@ class MCCLFabricStrategy(DDPStrategy):
             _destroy_at_exit()
 
     @override
+    @checked_override(FABRIC_DDP, "DDPStrategy._determine_ddp_device_ids")
     def _determine_ddp_device_ids(self) -> Optional[list[int]]:
         return [self.root_device.index] if self.root_device.type == "cuda" else None
 
     @classmethod
     @override
-    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+    def register_strategies(cls, strategy_registry: Any) -> None:
         for name, start_method in (("mccl", "popen"), ("mccl_spawn", "spawn")):
             strategy_registry.register(name, cls, description=f"Fabric DDP over mccl with `start_method={start_method!r}`",
                                        override=True, start_method=start_method)

@@ -1,23 +1,25 @@
 """The Lightning internals lightning-mccl still uses, each checked at import.
 
-Everything else goes through Lightning's public and protected strategy methods. These two have no public
-equivalent:
+Everything else goes through Lightning's public strategy methods. These have no public equivalent:
 
 - `lightning.fabric.utilities.distributed._init_dist_connection`: how `DDPStrategy.setup_distributed`
-  brings up the default group (MASTER_ADDR/PORT from the cluster environment); `MCCLStrategy` calls it
-  without ``device_id`` (see `MCCLStrategy.setup_distributed`).
-- `_AcceleratorConnector._check_config_and_set_final_flags`: refuses every ParallelStrategy instance on MPS
-  (see `mps_gate`).
+  brings up the default group (MASTER_ADDR/PORT from the cluster environment); `MCCLStrategy` and
+  `MCCLFabricStrategy` call it without ``device_id`` (see `MCCLStrategy.setup_distributed`).
+- `_AcceleratorConnector._check_config_and_set_final_flags` (Trainer's and Fabric's): refuses every
+  ParallelStrategy instance on MPS (see `mps_gate`).
+- The DDPStrategy methods the strategies override (`checked_override`): the Trainer's
+  `_register_ddp_hooks`; Fabric's `_setup_distributed`, `_set_world_ranks` and `_determine_ddp_device_ids`.
 
-Each is looked up by name and its parameters are compared with the ones this code calls it with. When a
-Lightning release renames or reshapes one, importing the strategy fails with `LightningVersionError`
-naming the Lightning version and the tested ones, instead of misbehaving later.
+Each is looked up by name and its parameters are compared with the ones this code calls it with (an
+override's: its own). When a Lightning release renames or reshapes one, importing the strategy fails with
+`LightningVersionError` naming the Lightning version and the tested ones, instead of misbehaving later (an
+override of a renamed method would silently never be called).
 """
 from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 # The Lightning releases the test suite runs against (CI: `make test-lightning-oldest` and the current one).
 TESTED_LIGHTNING = ("2.5.2", "2.6.6")
@@ -65,3 +67,12 @@ def checked(module: str, qualname: str, params: Sequence[str]) -> Any:
     if names[:len(params)] != list(params) or required_extra:
         raise _fail(what, f"has parameters ({', '.join(names)}), expected ({', '.join(params)}, ...)")
     return obj
+
+
+def checked_override(module: str, qualname: str) -> Callable[[Callable], Callable]:
+    """Decorator for a method that overrides Lightning's private `module`.`qualname`: checks (with `checked`)
+    that it exists and takes the override's parameters; returns the method unchanged."""
+    def check(method: Callable) -> Callable:
+        checked(module, qualname, list(inspect.signature(method).parameters))
+        return method
+    return check

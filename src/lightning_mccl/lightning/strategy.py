@@ -24,8 +24,9 @@ Lightning 2.6 (`lightning.pytorch.strategies.ddp`):
   uses `MacFleetEnvironment` (the hostfile's fleet) instead.
 - `on_exception`: the unused-parameters hint names the mccl strategy names.
 
-Lightning's privates: `_init_dist_connection` (above) and the accelerator connector's MPS check (which
-refuses every `ParallelStrategy` instance on MPS, see `mps_gate`), both checked at import (`internals`).
+Lightning's privates: `_init_dist_connection` (above), `_register_ddp_hooks` (overridden) and the accelerator
+connector's MPS check (which refuses every `ParallelStrategy` instance on MPS, see `mps_gate`), all checked
+at import (`internals`).
 The registered names avoid "ddp", so they pass that check as they are.
 """
 from __future__ import annotations
@@ -55,7 +56,7 @@ from .. import _backend  # importing the lightning_mccl package registered the "
 from ..options import Options
 from . import compress as _compress
 from . import mps_gate
-from .internals import checked
+from .internals import checked, checked_override
 
 _init_dist_connection = checked("lightning.fabric.utilities.distributed", "_init_dist_connection",
                                 ("cluster_environment", "torch_distributed_backend"))
@@ -248,6 +249,7 @@ class MCCLStrategy(DDPStrategy):
         return [self.root_device.index]
 
     @override
+    @checked_override("lightning.pytorch.strategies.ddp", "DDPStrategy._register_ddp_hooks")
     def _register_ddp_hooks(self) -> None:
         # DDPStrategy registers hooks only when the root device is CUDA; DDP runs them on any device.
         assert isinstance(self.model, DistributedDataParallel)
