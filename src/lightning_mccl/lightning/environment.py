@@ -6,8 +6,9 @@
 
 With a hostfile (`lightning_mccl.hostfile`), each Mac finds its node rank by matching its own addresses
 against the hosts' `addr` (or from MCCL_NODE_RANK / NODE_RANK / GROUP_RANK: `hostfile.NODE_RANK_VARS`), the
-main address is host 0's `addr` and the port is the file's `master_port`. The host's `ifname`, when given, becomes MCCL_SOCKET_IFNAME unless that is
-already set. Without a hostfile the values come from the variables torchrun and Lightning's launcher set.
+main address is host 0's `addr` and the port is the file's `master_port`. The host's `ifname`, when given,
+becomes MCCL_SOCKET_IFNAME unless that is already set. Without a hostfile the values come from the variables
+torchrun and Lightning's launcher set.
 
 Environment variables win over the hostfile where both say something (MASTER_ADDR, MASTER_PORT, the node
 rank): a launcher that set them (torchrun, Lightning's own for its child processes) is authoritative.
