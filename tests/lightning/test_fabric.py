@@ -111,3 +111,23 @@ def test_fabric_setup_on_mps_binds_no_device_and_creates_no_cuda_stream(mps_stan
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+MISSING_PEER = """
+import lightning as L
+from lightning_mccl.lightning.fabric import MCCLFabricStrategy
+fabric = L.Fabric(strategy=MCCLFabricStrategy(timeout=4), accelerator="cpu", devices=1, num_nodes=2)
+fabric.launch()
+"""
+
+
+def test_fabric_names_a_rank_missing_at_the_rendezvous():
+    """Fabric's group goes through the strategies' rendezvous: rank 0, alone of 2, reports rank 1 (and its host)
+    while it waits and fails naming it at the group timeout, as MCCLStrategy does (tests/launcher/test_rendezvous.py)."""
+    env = clean_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "NODE_RANK": "0",
+                     "MCCL_HOSTS": "mac-a,mac-b", "MCCL_RENDEZVOUS_REPORT_S": "0.5"})
+    proc = subprocess.run([sys.executable, "-c", MISSING_PEER], env=env, capture_output=True, text=True, timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    assert "RendezvousError: rank 1 (host mac-b) did not reach the rendezvous at 127.0.0.1" in out, out
+    assert "mccl rendezvous (rank 0): waiting for 1 of 2 ranks" in out, out

@@ -7,8 +7,9 @@
 The Fabric counterpart of `MCCLStrategy` (strategy.py), with the same overrides of
 `lightning.fabric.strategies.DDPStrategy` and for the same reasons:
 
-- `_setup_distributed`: no `device_id` for the mccl group (a group bound to MPS binds the Gloo groups made
-  after it too), and the group is destroyed at interpreter exit (strategy.py's `_destroy_at_exit`);
+- `_setup_distributed`: the group is made through the rendezvous that names missing ranks
+  (`rendezvous_store`), with no `device_id` (a group bound to MPS binds the Gloo groups made after it too),
+  and destroyed at interpreter exit (strategy.py's `_destroy_at_exit`);
 - `_determine_ddp_device_ids`: None unless CUDA, so `setup_module` does not enter a CUDA stream on a Mac;
 - DDP's buckets default to 5 MB over mccl (`MCCL_BUCKET_CAP_MB`, measured in strategy.py);
 - `_set_world_ranks`: with $MCCL_HOSTFILE set and only the fallback `LightningEnvironment` chosen, the
@@ -36,7 +37,8 @@ import torch
 from .. import _backend
 from . import mps_gate
 from .internals import checked_override
-from .strategy import MCCL_BUCKET_CAP_MB, _destroy_at_exit, _init_dist_connection, fleet_environment, group_timeout
+from .strategy import (MCCL_BUCKET_CAP_MB, _destroy_at_exit, _init_dist_connection, fleet_environment, group_timeout,
+                       rendezvous_store)
 
 FABRIC_DDP = "lightning.fabric.strategies.ddp"  # where the DDPStrategy privates overridden here live
 
@@ -69,7 +71,8 @@ class MCCLFabricStrategy(DDPStrategy):
         self._process_group_backend = BACKEND
         assert self.cluster_environment is not None
         created = not torch.distributed.is_initialized()
-        _init_dist_connection(self.cluster_environment, BACKEND, timeout=self._timeout)
+        kwargs = {"store": rendezvous_store(self.cluster_environment, self._timeout)} if created else {}
+        _init_dist_connection(self.cluster_environment, BACKEND, timeout=self._timeout, **kwargs)
         if created:
             _destroy_at_exit()
 

@@ -101,6 +101,16 @@ def fleet_environment(env: Optional[ClusterEnvironment]) -> Optional[ClusterEnvi
     return MacFleetEnvironment() if MacFleetEnvironment.detect() else env
 
 
+def rendezvous_store(env: ClusterEnvironment, timeout: Optional[timedelta]) -> torch.distributed.Store:
+    """The store the mccl strategies (Trainer's and Fabric's) make their group with, `lightning_mccl.rendezvous`:
+    it names the ranks (and hosts) that have not arrived while the others wait, fails naming them after the group
+    timeout, and honours Ctrl-C meanwhile."""
+    from ..rendezvous import rendezvous
+
+    return rendezvous(env.main_address, env.main_port, env.global_rank(), env.world_size(),
+                      timeout or default_pg_timeout)
+
+
 class MCCLStrategy(DDPStrategy):
     """DDP over `mccl`: one process per device (one per Mac on MPS), gradients all-reduced over TCP.
 
@@ -214,7 +224,8 @@ class MCCLStrategy(DDPStrategy):
         created = not torch.distributed.is_initialized()
         kwargs = {}
         if created:
-            kwargs = {"store": self._rendezvous(), "pg_options": self.options if self.options.settings else None}
+            kwargs = {"store": rendezvous_store(self.cluster_environment, self._timeout),
+                      "pg_options": self.options if self.options.settings else None}
         # No device_id: MCCL needs no device binding, and a bound default group binds every later group too.
         _init_dist_connection(self.cluster_environment, BACKEND, timeout=self._timeout, **kwargs)
         if created:
@@ -227,15 +238,6 @@ class MCCLStrategy(DDPStrategy):
         if plan.wire and plan.on_accelerator is not None and self.root_device.type != "cpu":
             plan = self._compress_plan = plan.on_accelerator
             self._ddp_comm_hook, self._ddp_comm_wrapper, self._ddp_comm_state = plan.hook, plan.wrapper, plan.state
-
-    def _rendezvous(self) -> torch.distributed.Store:
-        """The store of `lightning_mccl.rendezvous`: names the ranks (and hosts) that have not arrived while the
-        others wait, fails naming them after the group timeout, and honours Ctrl-C meanwhile."""
-        from ..rendezvous import rendezvous
-
-        env = self.cluster_environment
-        return rendezvous(env.main_address, env.main_port, env.global_rank(), env.world_size(),
-                          self._timeout or default_pg_timeout)
 
     @override
     def setup(self, trainer: "pl.Trainer") -> None:
