@@ -78,6 +78,10 @@ uint64_t Communicator::collectives_issued() const {
 
 void Communicator::check_usable() const {
   std::lock_guard<std::mutex> lock(mu_);
+  throw_if_unusable();
+}
+
+void Communicator::throw_if_unusable() const {
   if (error_) std::rethrow_exception(error_);
   if (stopping_) fail(Error::Kind::kAborted, "rank ", rank_, ": the communicator was shut down");
 }
@@ -101,8 +105,7 @@ WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, 
   bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (error_) std::rethrow_exception(error_);
-    if (stopping_) fail(Error::Kind::kAborted, "rank ", rank_, ": the communicator was shut down");
+    throw_if_unusable();
     FrameHeader id;
     id.channel = static_cast<uint8_t>(Channel::kCollective);
     id.kind = static_cast<uint8_t>(kind);
@@ -268,6 +271,9 @@ void Communicator::run() {
   transport_->fail(std::make_exception_ptr(Error(
                        Error::Kind::kAborted, "MCCL aborted: rank " + std::to_string(rank_) + "'s communicator was shut down")),
                    /*notify_peers=*/false);
+  // So do the sends and receives queued but not yet posted: the loop can stop before it has run them, and
+  // none comes after it stopped (post_p2p queues only while stopping_ is unset, under mu_).
+  drain_commands_after_failure();
 }
 
 // A gate's completion runs user callbacks; one that never returns (it waits on a collective issued

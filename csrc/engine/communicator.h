@@ -99,6 +99,7 @@ class Communicator {
                   std::function<void(Collective&)> body, Callback done);
   WorkPtr post_p2p(bool is_send, void* buf, size_t count, DataType dtype, int peer, uint64_t tag, Callback done);
   void check_usable() const;
+  void throw_if_unusable() const;  // check_usable() with mu_ held
   void check_reduction(DataType dtype, ReduceOp op, const char* what) const;
   void check_rank(int rank, const char* role, const char* what) const;
   int ranks_on_this_host() const;

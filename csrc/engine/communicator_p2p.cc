@@ -49,7 +49,10 @@ WorkPtr Communicator::post_p2p(bool is_send, void* buf, size_t count, DataType d
     }
   };
   {
+    // Checked again under the lock that stop() sets stopping_ under: once the progress thread may have
+    // stopped, nothing is queued that it would never run.
     std::lock_guard<std::mutex> lock(mu_);
+    throw_if_unusable();
     commands_.push_back(std::move(command));
   }
   transport_->wake();
