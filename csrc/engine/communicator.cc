@@ -21,7 +21,7 @@ Communicator::StartAfter::~StartAfter() { t_start_after = std::move(previous_); 
 
 Communicator::Communicator(Store& store, int rank, int size, std::chrono::milliseconds timeout,
                            const std::string& route_to, const Config& config)
-    : config_(config), rank_(rank), size_(size), timeout_(timeout) {
+    : config_(config), rank_(rank), size_(size), timeout_ms_(timeout.count()) {
   MCCL_CHECK_ARG(size >= 1 && rank >= 0 && rank < size, "rank ", rank, " is not in a world of size ", size);
   std::string host = choose_listen_host(config_.socket_ifname, route_to);
   Mesh mesh = connect_mesh(store, rank, size, host, Clock::now() + timeout, config_);
@@ -281,13 +281,13 @@ void Communicator::run() {
 int Communicator::poll_timeout_ms(const IssueOrder::Next& next) {
   int ms = p2p_poll_timeout_ms();
   if (!next.held) return ms;
-  int gate_ms = std::max(1, ms_until(next.gate_finished + timeout_, 60 * 1000));
+  int gate_ms = std::max(1, ms_until(next.gate_finished + timeout(), 60 * 1000));
   return ms < 0 ? gate_ms : std::min(ms, gate_ms);
 }
 
 void Communicator::check_gate_deadline(const IssueOrder::Next& next) {
-  if (!next.held || Clock::now() < next.gate_finished + timeout_) return;
-  fail(Error::Kind::kTimeout, "rank ", rank_, " timed out after ", timeout_.count(), " ms waiting for the completion of ",
+  if (!next.held || Clock::now() < next.gate_finished + timeout()) return;
+  fail(Error::Kind::kTimeout, "rank ", rank_, " timed out after ", timeout().count(), " ms waiting for the completion of ",
        describe(next.gate), " (the callbacks on its future) to return; the collectives issued after it wait for "
        "that. A callback that waits on a collective issued after the future was requested never returns");
 }
@@ -308,7 +308,7 @@ void Communicator::run_op(PendingCollective& op) {
     try {
       if (op.ready) op.ready();
       Collective c(*transport_, config_, reduce_threads_, scratch_, &wire_buffers_, op.identity,
-                   Clock::now() + timeout_);
+                   Clock::now() + timeout());
       op.body(c);
       transport_->check_no_stray_frames(op.identity.seq);
     } catch (...) {
