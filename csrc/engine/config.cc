@@ -189,7 +189,7 @@ Config Config::from_env(const Settings& given) {
     c.send_thread_auto = false;
   }
   if (const char* v = in.get("MCCL_REDUCE_THREADS"); v && std::string(v) != "auto")
-    c.reduce_threads = static_cast<size_t>(in.count("MCCL_REDUCE_THREADS", 1, 1, 4));
+    c.reduce_threads = static_cast<size_t>(in.count("MCCL_REDUCE_THREADS", 1, 1, kMaxReduceThreads));
   if (const char* v = in.get("MCCL_DEBUG"); v && parse_log_level(v) < 0)
     fail(Error::Kind::kInvalidArgument, "MCCL_DEBUG='", v, "' is not one of ERROR, WARN, INFO, TRACE (or 0-3)");
   read_auth_secret(in, c);
@@ -209,7 +209,7 @@ size_t Config::send_thread_bytes_for(int local_ranks, unsigned cpus) const {
 size_t Config::reduce_threads_for(int local_ranks, unsigned cpus) const {
   if (reduce_threads != 0) return reduce_threads;
   const unsigned per_rank = cpus / static_cast<unsigned>(std::max(local_ranks, 1));
-  return per_rank <= 3 ? 1 : std::min<size_t>(4, per_rank - 2);
+  return per_rank <= 3 ? 1 : std::min<size_t>(kMaxReduceThreads, per_rank - 2);
 }
 
 const Config& Config::global() {

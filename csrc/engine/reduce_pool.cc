@@ -7,13 +7,13 @@
 #include <mutex>
 #include <thread>
 
+#include "config.h"
 #include "thread_name.h"
 
 namespace mccl {
 namespace {
 
 constexpr size_t kParallelBytes = size_t(4) << 20;  // run_split: below this, run inline on the caller
-constexpr size_t kMaxParts = 4;
 
 // One call's work: parts [0, parts) of `count` elements, each `chunk` long (the last may be shorter).
 struct Task {
@@ -40,7 +40,7 @@ void run_part(const Task& t, size_t part) {
 class Pool {
  public:
   static Pool* instance() {
-    static Pool* pool = new Pool(std::min<size_t>(kMaxParts, std::thread::hardware_concurrency()));
+    static Pool* pool = new Pool(std::min<size_t>(kMaxReduceThreads, std::thread::hardware_concurrency()));
     return pool;
   }
 
