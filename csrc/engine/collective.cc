@@ -15,9 +15,10 @@ FrameHeader Collective::frame(uint64_t offset, uint64_t count, uint32_t step) co
   return h;
 }
 
+// An entry with no request yet was taken and is still to be posted (wire_buffer() before send_narrowed()):
+// it is in use like one whose request is pending.
 char* WireBuffers::take(size_t bytes) {
-  while (!in_use_.empty() && !in_use_.front().kept &&
-         (!in_use_.front().request || in_use_.front().request->done)) {
+  while (!in_use_.empty() && !in_use_.front().kept && in_use_.front().request && in_use_.front().request->done) {
     free_.push_back(std::move(in_use_.front().bytes));
     in_use_.pop_front();
   }

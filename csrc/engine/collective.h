@@ -26,8 +26,9 @@ struct Segment {
 // memory in use is what is in flight, not the whole message.
 class WireBuffers {
  public:
-  // A buffer of at least `bytes`, held by `request` once hold() is called; `kept`: also after the request
-  // is done, until pass_on() or release() (a received payload that is still to be read or forwarded).
+  // A buffer of at least `bytes`, in use from now on: held by `request` once hold() is called; `kept`: also
+  // after the request is done, until pass_on() or release() (a received payload that is still to be read
+  // or forwarded). Without hold(), until release_all().
   char* take(size_t bytes);
   void hold(RequestPtr request, bool kept = false) {
     in_use_.back().request = std::move(request);
