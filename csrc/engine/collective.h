@@ -45,6 +45,7 @@ class WireBuffers {
     RequestPtr request;
     bool kept = false;
   };
+  Entry* find(const RequestPtr& request);  // the entry `request` holds, or null
   std::deque<Entry> in_use_;  // in posting order: the oldest requests finish first
   std::vector<std::vector<char>> free_;
 };
@@ -112,6 +113,9 @@ class Collective {
  private:
   // This collective's header for one frame: its identity with this offset, count and step.
   FrameHeader frame(uint64_t offset, uint64_t count, uint32_t step) const;
+  // Compressed: the type on the wire, and the size there of `bytes` of float32 data.
+  DataType wire_type() const { return static_cast<DataType>(identity_.wire_dtype); }
+  size_t wire_bytes(size_t bytes) const { return bytes / sizeof(float) * dtype_size(wire_type()); }
   RequestPtr post_send(int peer, const FrameHeader& header, const void* data, size_t bytes);
   RequestPtr post_recv(int peer, const FrameHeader& header, void* data, size_t bytes, bool kept = false);
 
