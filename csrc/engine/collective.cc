@@ -104,8 +104,8 @@ RequestPtr Collective::forward(int peer, const RequestPtr& received, uint64_t of
 
 RequestPtr Collective::recv_for_reduce(int peer, void* landing, size_t bytes, uint64_t offset, uint32_t step) {
   const FrameHeader header = frame(offset, identity_.count, step);
-  if (!compressed() || bytes == 0) return transport_.post_recv(peer, header, landing, bytes);
-  const size_t on_wire = wire_bytes(bytes);
+  if (!compressed()) return transport_.post_recv(peer, header, landing, bytes);
+  const size_t on_wire = wire_bytes(bytes);  // an empty piece too: `landing` may be null
   RequestPtr request = transport_.post_recv(peer, header, wire_->take(on_wire), on_wire);
   wire_->hold(request, /*kept=*/true);  // until reduce_received has read it
   return request;

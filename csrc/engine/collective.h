@@ -79,7 +79,7 @@ class Collective {
   RequestPtr recv_to_forward(int peer, void* data, size_t bytes, uint64_t offset, uint32_t step);
   // A receive whose payload reduce_received() then folds into the caller's buffer. Uncompressed it lands
   // in `landing`; compressed it stays in a wire buffer and is widened tile by tile inside the reduction
-  // (one pass over memory, not a float32 copy first).
+  // (one pass over memory, not a float32 copy first), and `landing` is not used (null will do).
   RequestPtr recv_for_reduce(int peer, void* landing, size_t bytes, uint64_t offset, uint32_t step);
   // `narrowed` (from wire_buffer, or null): the result is also narrowed into it in the same pass, for
   // send_narrowed to send on (the reduce-scatter's forward of a partial sum).
