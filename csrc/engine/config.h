@@ -62,7 +62,8 @@ struct Config {
   // MCCL_RING_LOOKAHEAD_BYTES: scratch memory the ring reduce-scatter may use to post receives for
   // later steps early (at least a double buffer is always used).
   size_t ring_lookahead_bytes = size_t(64) << 20;
-  // MCCL_SOCKET_BUFFER_BYTES: SO_SNDBUF / SO_RCVBUF for data connections; 0 keeps the OS default (autotuning).
+  // MCCL_SOCKET_BUFFER_BYTES: SO_SNDBUF / SO_RCVBUF for data connections, at most 2 GiB - 1 (the options
+  // take an int); 0 keeps the OS default (autotuning).
   size_t socket_buffer_bytes = 0;
   // MCCL_MAX_MESSAGE_BYTES: largest frame payload accepted from a peer before any allocation.
   uint64_t max_message_bytes = uint64_t(1) << 36;

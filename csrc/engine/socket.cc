@@ -109,7 +109,7 @@ void Socket::configure_for_data(size_t buffer_bytes) {
   setsockopt(fd_, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof(one));
 #endif
   if (buffer_bytes > 0) {
-    int size = static_cast<int>(buffer_bytes);
+    int size = static_cast<int>(buffer_bytes);  // fits: config.cc rejects MCCL_SOCKET_BUFFER_BYTES above INT_MAX
     setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &size, sizeof(size));
     setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &size, sizeof(size));
   }
