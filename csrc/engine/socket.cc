@@ -192,6 +192,18 @@ void make_wake_pipe(int* read_end, int* write_end) {
   *write_end = fds[1];
 }
 
+void write_wake_pipe(int write_end) {
+  char byte = 1;
+  ssize_t ignored = ::write(write_end, &byte, 1);  // fails only when the pipe is full: awake already
+  (void)ignored;
+}
+
+void drain_wake_pipe(int read_end) {
+  char buf[64];
+  while (::read(read_end, buf, sizeof(buf)) > 0) {
+  }
+}
+
 size_t Socket::send_some(const struct iovec* iov, int iovcnt) { return send_some_on(fd_, iov, iovcnt); }
 
 size_t Socket::send_some_on(int fd, const struct iovec* iov, int iovcnt) {

@@ -26,6 +26,10 @@ sockaddr_storage parse_address(const std::string& text);
 
 // A non-blocking, close-on-exec pipe: how a thread blocked in poll() is woken (a byte written to write_end).
 void make_wake_pipe(int* read_end, int* write_end);
+// Writes the byte (thread-safe; a full pipe already means "wake up").
+void write_wake_pipe(int write_end);
+// Reads the pipe empty, on the woken thread.
+void drain_wake_pipe(int read_end);
 
 class Socket {
  public:
