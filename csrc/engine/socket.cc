@@ -158,7 +158,8 @@ void Socket::write_all(const void* data, size_t size, Deadline deadline, const s
     if (n == 0) {
       pollfd pfd{fd_, POLLOUT, 0};
       if (::poll(&pfd, 1, ms_until(deadline)) == 0 && Clock::now() >= deadline)
-        fail(Error::Kind::kTimeout, "timed out sending the handshake to ", what);
+        fail(Error::Kind::kTimeout, "timed out sending to ", what, ": the connection took no more bytes before the "
+             "deadline (the peer is not reading)");
       continue;
     }
     p += n;
