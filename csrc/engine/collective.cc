@@ -15,9 +15,10 @@ FrameHeader Collective::frame(uint64_t offset, uint64_t count, uint32_t step) co
   return h;
 }
 
+// An entry with no request yet was taken and is still to be posted (wire_buffer() before send_narrowed()):
+// it is in use like one whose request is pending.
 char* WireBuffers::take(size_t bytes) {
-  while (!in_use_.empty() && !in_use_.front().kept &&
-         (!in_use_.front().request || in_use_.front().request->done)) {
+  while (!in_use_.empty() && !in_use_.front().kept && in_use_.front().request && in_use_.front().request->done) {
     free_.push_back(std::move(in_use_.front().bytes));
     in_use_.pop_front();
   }
@@ -31,23 +32,23 @@ char* WireBuffers::take(size_t bytes) {
   return in_use_.back().bytes.data();
 }
 
-void WireBuffers::pass_on(const RequestPtr& from, RequestPtr to) {
+// From the newest: the request asked about is one of the latest posted.
+WireBuffers::Entry* WireBuffers::find(const RequestPtr& request) {
   for (auto it = in_use_.rbegin(); it != in_use_.rend(); ++it) {
-    if (it->request == from) {
-      it->request = std::move(to);
-      it->kept = false;
-      return;
-    }
+    if (it->request == request) return &*it;
+  }
+  return nullptr;
+}
+
+void WireBuffers::pass_on(const RequestPtr& from, RequestPtr to) {
+  if (Entry* entry = find(from)) {
+    entry->request = std::move(to);
+    entry->kept = false;
   }
 }
 
 void WireBuffers::release(const RequestPtr& from) {
-  for (auto it = in_use_.rbegin(); it != in_use_.rend(); ++it) {
-    if (it->request == from) {
-      it->kept = false;
-      return;
-    }
-  }
+  if (Entry* entry = find(from)) entry->kept = false;
 }
 
 void WireBuffers::release_all() {
@@ -57,25 +58,23 @@ void WireBuffers::release_all() {
 
 RequestPtr Collective::post_send(int peer, const FrameHeader& header, const void* data, size_t bytes) {
   if (!compressed() || bytes == 0) return transport_.post_send(peer, header, data, bytes);
-  const size_t count = bytes / sizeof(float);
-  const auto wire_type = static_cast<DataType>(header.wire_dtype);
-  char* wire = wire_->take(count * dtype_size(wire_type));
-  narrow_float32(wire, static_cast<const float*>(data), count, wire_type, reduce_threads_);
-  RequestPtr request = transport_.post_send(peer, header, wire, count * dtype_size(wire_type));
+  const size_t on_wire = wire_bytes(bytes);
+  char* wire = wire_->take(on_wire);
+  narrow_float32(wire, static_cast<const float*>(data), bytes / sizeof(float), wire_type(), reduce_threads_);
+  RequestPtr request = transport_.post_send(peer, header, wire, on_wire);
   wire_->hold(request);
   return request;
 }
 
 RequestPtr Collective::post_recv(int peer, const FrameHeader& header, void* data, size_t bytes, bool kept) {
   if (!compressed() || bytes == 0) return transport_.post_recv(peer, header, data, bytes);
-  const size_t count = bytes / sizeof(float);
-  const auto wire_type = static_cast<DataType>(header.wire_dtype);
-  char* wire = wire_->take(count * dtype_size(wire_type));
-  auto widen = [wire, out = static_cast<float*>(data), count, wire_type, threads = reduce_threads_](
-                   const Request&, std::exception_ptr error) {
-    if (!error) widen_to_float32(out, wire, count, wire_type, threads);
+  const size_t on_wire = wire_bytes(bytes);
+  char* wire = wire_->take(on_wire);
+  auto widen = [wire, out = static_cast<float*>(data), count = bytes / sizeof(float), type = wire_type(),
+                threads = reduce_threads_](const Request&, std::exception_ptr error) {
+    if (!error) widen_to_float32(out, wire, count, type, threads);
   };
-  RequestPtr request = transport_.post_recv(peer, header, wire, count * dtype_size(wire_type), widen);
+  RequestPtr request = transport_.post_recv(peer, header, wire, on_wire, widen);
   wire_->hold(request, kept);
   return request;
 }
@@ -105,23 +104,22 @@ RequestPtr Collective::forward(int peer, const RequestPtr& received, uint64_t of
 
 RequestPtr Collective::recv_for_reduce(int peer, void* landing, size_t bytes, uint64_t offset, uint32_t step) {
   const FrameHeader header = frame(offset, identity_.count, step);
-  if (!compressed() || bytes == 0) return transport_.post_recv(peer, header, landing, bytes);
-  const size_t wire_bytes = bytes / sizeof(float) * dtype_size(static_cast<DataType>(identity_.wire_dtype));
-  RequestPtr request = transport_.post_recv(peer, header, wire_->take(wire_bytes), wire_bytes);
+  if (!compressed()) return transport_.post_recv(peer, header, landing, bytes);
+  const size_t on_wire = wire_bytes(bytes);  // an empty piece too: `landing` may be null
+  RequestPtr request = transport_.post_recv(peer, header, wire_->take(on_wire), on_wire);
   wire_->hold(request, /*kept=*/true);  // until reduce_received has read it
   return request;
 }
 
 char* Collective::wire_buffer(size_t bytes) {
   if (!compressed() || bytes == 0) return nullptr;
-  return wire_->take(bytes / sizeof(float) * dtype_size(static_cast<DataType>(identity_.wire_dtype)));
+  return wire_->take(wire_bytes(bytes));
 }
 
 RequestPtr Collective::send_narrowed(int peer, const void* data, char* narrowed, size_t bytes, uint64_t offset,
                                      uint32_t step) {
   if (narrowed == nullptr) return send(peer, data, bytes, offset, step);
-  const size_t wire_bytes = bytes / sizeof(float) * dtype_size(static_cast<DataType>(identity_.wire_dtype));
-  RequestPtr request = transport_.post_send(peer, frame(offset, identity_.count, step), narrowed, wire_bytes);
+  RequestPtr request = transport_.post_send(peer, frame(offset, identity_.count, step), narrowed, wire_bytes(bytes));
   wire_->hold(request);  // the buffer wire_buffer() took last
   return request;
 }
@@ -132,8 +130,8 @@ void Collective::reduce(void* dst, const void* src, size_t count) const {
 
 void Collective::reduce_received(void* dst, const RequestPtr& received, size_t bytes, char* narrowed) {
   if (!compressed()) return reduce(dst, received->data, bytes / dtype_size(dtype()));
-  const auto wire_type = static_cast<DataType>(identity_.wire_dtype);
-  const size_t wire_size = dtype_size(wire_type);
+  const DataType type = wire_type();
+  const size_t wire_size = dtype_size(type);
   constexpr size_t kTile = 4096;  // floats: 16 KiB, stays in L1 between the widen and the reduction
   const char* src = received->data;
   float* out = static_cast<float*>(dst);
@@ -142,9 +140,9 @@ void Collective::reduce_received(void* dst, const RequestPtr& received, size_t b
     alignas(64) float tile[kTile];
     for (size_t i = begin; i < begin + len; i += kTile) {
       const size_t n = std::min(kTile, begin + len - i);
-      widen_to_float32(tile, src + i * wire_size, n, wire_type, 1);
+      widen_to_float32(tile, src + i * wire_size, n, type, 1);
       reduce_into(out + i, tile, n, DataType::kFloat32, op(), 1);
-      if (narrowed) narrow_float32(narrowed + i * wire_size, out + i, n, wire_type, 1);
+      if (narrowed) narrow_float32(narrowed + i * wire_size, out + i, n, type, 1);
     }
   });
   wire_->release(received);
@@ -156,8 +154,7 @@ RequestPtr Collective::recv_counted(int peer, void* data, size_t bytes, uint64_t
 
 void Collective::round_to_wire(void* data, size_t bytes) {
   if (compressed() && bytes > 0)
-    round_float32_through(static_cast<float*>(data), bytes / sizeof(float), static_cast<DataType>(identity_.wire_dtype),
-                          reduce_threads_);
+    round_float32_through(static_cast<float*>(data), bytes / sizeof(float), wire_type(), reduce_threads_);
 }
 
 char* Collective::scratch(int slot, size_t bytes) {
@@ -171,9 +168,7 @@ char* Collective::scratch(int slot, size_t bytes) {
 }
 
 size_t Collective::piece_bytes(size_t element_size) const {
-  const size_t on_wire = compressed() && element_size == sizeof(float)
-                             ? dtype_size(static_cast<DataType>(identity_.wire_dtype))
-                             : element_size;
+  const size_t on_wire = compressed() && element_size == sizeof(float) ? dtype_size(wire_type()) : element_size;
   size_t elements = std::max<size_t>(1, config_.chunk_bytes / on_wire);
   return elements * element_size;
 }

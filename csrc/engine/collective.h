@@ -26,8 +26,9 @@ struct Segment {
 // memory in use is what is in flight, not the whole message.
 class WireBuffers {
  public:
-  // A buffer of at least `bytes`, held by `request` once hold() is called; `kept`: also after the request
-  // is done, until pass_on() or release() (a received payload that is still to be read or forwarded).
+  // A buffer of at least `bytes`, in use from now on: held by `request` once hold() is called; `kept`: also
+  // after the request is done, until pass_on() or release() (a received payload that is still to be read
+  // or forwarded). Without hold(), until release_all().
   char* take(size_t bytes);
   void hold(RequestPtr request, bool kept = false) {
     in_use_.back().request = std::move(request);
@@ -44,6 +45,7 @@ class WireBuffers {
     RequestPtr request;
     bool kept = false;
   };
+  Entry* find(const RequestPtr& request);  // the entry `request` holds, or null
   std::deque<Entry> in_use_;  // in posting order: the oldest requests finish first
   std::vector<std::vector<char>> free_;
 };
@@ -77,7 +79,7 @@ class Collective {
   RequestPtr recv_to_forward(int peer, void* data, size_t bytes, uint64_t offset, uint32_t step);
   // A receive whose payload reduce_received() then folds into the caller's buffer. Uncompressed it lands
   // in `landing`; compressed it stays in a wire buffer and is widened tile by tile inside the reduction
-  // (one pass over memory, not a float32 copy first).
+  // (one pass over memory, not a float32 copy first), and `landing` is not used (null will do).
   RequestPtr recv_for_reduce(int peer, void* landing, size_t bytes, uint64_t offset, uint32_t step);
   // `narrowed` (from wire_buffer, or null): the result is also narrowed into it in the same pass, for
   // send_narrowed to send on (the reduce-scatter's forward of a partial sum).
@@ -111,6 +113,9 @@ class Collective {
  private:
   // This collective's header for one frame: its identity with this offset, count and step.
   FrameHeader frame(uint64_t offset, uint64_t count, uint32_t step) const;
+  // Compressed: the type on the wire, and the size there of `bytes` of float32 data.
+  DataType wire_type() const { return static_cast<DataType>(identity_.wire_dtype); }
+  size_t wire_bytes(size_t bytes) const { return bytes / sizeof(float) * dtype_size(wire_type()); }
   RequestPtr post_send(int peer, const FrameHeader& header, const void* data, size_t bytes);
   RequestPtr post_recv(int peer, const FrameHeader& header, void* data, size_t bytes, bool kept = false);
 

@@ -21,7 +21,7 @@ Communicator::StartAfter::~StartAfter() { t_start_after = std::move(previous_); 
 
 Communicator::Communicator(Store& store, int rank, int size, std::chrono::milliseconds timeout,
                            const std::string& route_to, const Config& config)
-    : config_(config), rank_(rank), size_(size), timeout_(timeout) {
+    : config_(config), rank_(rank), size_(size), timeout_ms_(timeout.count()) {
   MCCL_CHECK_ARG(size >= 1 && rank >= 0 && rank < size, "rank ", rank, " is not in a world of size ", size);
   std::string host = choose_listen_host(config_.socket_ifname, route_to);
   Mesh mesh = connect_mesh(store, rank, size, host, Clock::now() + timeout, config_);
@@ -78,6 +78,10 @@ uint64_t Communicator::collectives_issued() const {
 
 void Communicator::check_usable() const {
   std::lock_guard<std::mutex> lock(mu_);
+  throw_if_unusable();
+}
+
+void Communicator::throw_if_unusable() const {
   if (error_) std::rethrow_exception(error_);
   if (stopping_) fail(Error::Kind::kAborted, "rank ", rank_, ": the communicator was shut down");
 }
@@ -101,8 +105,7 @@ WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, 
   bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (error_) std::rethrow_exception(error_);
-    if (stopping_) fail(Error::Kind::kAborted, "rank ", rank_, ": the communicator was shut down");
+    throw_if_unusable();
     FrameHeader id;
     id.channel = static_cast<uint8_t>(Channel::kCollective);
     id.kind = static_cast<uint8_t>(kind);
@@ -268,6 +271,9 @@ void Communicator::run() {
   transport_->fail(std::make_exception_ptr(Error(
                        Error::Kind::kAborted, "MCCL aborted: rank " + std::to_string(rank_) + "'s communicator was shut down")),
                    /*notify_peers=*/false);
+  // So do the sends and receives queued but not yet posted: the loop can stop before it has run them, and
+  // none comes after it stopped (post_p2p queues only while stopping_ is unset, under mu_).
+  drain_commands_after_failure();
 }
 
 // A gate's completion runs user callbacks; one that never returns (it waits on a collective issued
@@ -275,13 +281,13 @@ void Communicator::run() {
 int Communicator::poll_timeout_ms(const IssueOrder::Next& next) {
   int ms = p2p_poll_timeout_ms();
   if (!next.held) return ms;
-  int gate_ms = std::max(1, ms_until(next.gate_finished + timeout_, 60 * 1000));
+  int gate_ms = std::max(1, ms_until(next.gate_finished + timeout(), 60 * 1000));
   return ms < 0 ? gate_ms : std::min(ms, gate_ms);
 }
 
 void Communicator::check_gate_deadline(const IssueOrder::Next& next) {
-  if (!next.held || Clock::now() < next.gate_finished + timeout_) return;
-  fail(Error::Kind::kTimeout, "rank ", rank_, " timed out after ", timeout_.count(), " ms waiting for the completion of ",
+  if (!next.held || Clock::now() < next.gate_finished + timeout()) return;
+  fail(Error::Kind::kTimeout, "rank ", rank_, " timed out after ", timeout().count(), " ms waiting for the completion of ",
        describe(next.gate), " (the callbacks on its future) to return; the collectives issued after it wait for "
        "that. A callback that waits on a collective issued after the future was requested never returns");
 }
@@ -302,7 +308,7 @@ void Communicator::run_op(PendingCollective& op) {
     try {
       if (op.ready) op.ready();
       Collective c(*transport_, config_, reduce_threads_, scratch_, &wire_buffers_, op.identity,
-                   Clock::now() + timeout_);
+                   Clock::now() + timeout());
       op.body(c);
       transport_->check_no_stray_frames(op.identity.seq);
     } catch (...) {

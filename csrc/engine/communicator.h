@@ -12,6 +12,7 @@
 // rethrown by every later call (Gloo's rule), and the sockets are shut so the peers fail fast too.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -47,8 +48,10 @@ class Communicator {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  std::chrono::milliseconds timeout() const { return timeout_; }
-  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+  std::chrono::milliseconds timeout() const {
+    return std::chrono::milliseconds(timeout_ms_.load(std::memory_order_relaxed));
+  }
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ms_.store(timeout.count(), std::memory_order_relaxed); }
   const std::string& listen_address() const { return listen_address_; }
   // The settings this communicator was made with (fixed for its lifetime).
   const Config& config() const { return config_; }
@@ -99,6 +102,7 @@ class Communicator {
                   std::function<void(Collective&)> body, Callback done);
   WorkPtr post_p2p(bool is_send, void* buf, size_t count, DataType dtype, int peer, uint64_t tag, Callback done);
   void check_usable() const;
+  void throw_if_unusable() const;  // check_usable() with mu_ held
   void check_reduction(DataType dtype, ReduceOp op, const char* what) const;
   void check_rank(int rank, const char* role, const char* what) const;
   int ranks_on_this_host() const;
@@ -115,7 +119,7 @@ class Communicator {
   const Config config_;
   int rank_;
   int size_;
-  std::chrono::milliseconds timeout_;
+  std::atomic<int64_t> timeout_ms_;  // timeout(): set_timeout() may change it while the progress thread reads it
   std::string listen_address_;
   CommStats stats_;  // before transport_, which counts into it
   std::unique_ptr<Transport> transport_;

@@ -43,13 +43,16 @@ WorkPtr Communicator::post_p2p(bool is_send, void* buf, size_t count, DataType d
     try {
       RequestPtr request = is_send ? transport_->post_send(peer, h, buf, bytes, on_done)
                                    : transport_->post_recv(peer, h, buf, bytes, on_done);
-      if (!request->done) p2p_pending_.push_back({Clock::now() + timeout_, request});
+      if (!request->done) p2p_pending_.push_back({Clock::now() + timeout(), request});
     } catch (...) {
       if (!work->completed()) work->finish(std::current_exception());
     }
   };
   {
+    // Checked again under the lock that stop() sets stopping_ under: once the progress thread may have
+    // stopped, nothing is queued that it would never run.
     std::lock_guard<std::mutex> lock(mu_);
+    throw_if_unusable();
     commands_.push_back(std::move(command));
   }
   transport_->wake();
@@ -73,7 +76,7 @@ void Communicator::check_p2p_deadlines() {
     if (p.request->done || p.deadline > now) continue;
     const Request& r = *p.request;
     std::string peer = r.peer == kAnySource ? std::string("any rank") : transport_->peer_name(r.peer);
-    fail(Error::Kind::kTimeout, "rank ", rank_, " timed out after ", timeout_.count(), " ms in ",
+    fail(Error::Kind::kTimeout, "rank ", rank_, " timed out after ", timeout().count(), " ms in ",
          r.type == Request::Type::kSend ? "send to " : "recv from ", peer, " (tag ", r.header.seq,
          "): the peer never posted the matching ", r.type == Request::Type::kSend ? "recv" : "send");
   }

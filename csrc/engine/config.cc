@@ -1,6 +1,8 @@
 #include "config.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -46,7 +48,9 @@ class Reader {
     const char* value = get(name);
     if (value == nullptr) return fallback;
     char* end = nullptr;
+    errno = 0;
     unsigned long long parsed = std::strtoull(value, &end, 10);
+    const bool out_of_range = errno == ERANGE;
     std::string suffix = end ? end : "";
     uint64_t scale = 1;
     if (suffix == "K" || suffix == "k" || suffix == "KiB") scale = 1024;
@@ -54,6 +58,8 @@ class Reader {
     else if (suffix == "G" || suffix == "g" || suffix == "GiB") scale = 1024ull * 1024 * 1024;
     else if (!suffix.empty() || end == value || value[0] == '-')
       fail(Error::Kind::kInvalidArgument, name, "='", value, "' is not a byte count (examples: 65536, 64K, 4M)");
+    if (out_of_range || parsed > UINT64_MAX / scale)
+      fail(Error::Kind::kInvalidArgument, name, "='", value, "' is too large (a byte count is below 16 EiB)");
     uint64_t bytes = parsed * scale;
     if (bytes < min_value) fail(Error::Kind::kInvalidArgument, name, "='", value, "' is below the minimum of ", min_value);
     return bytes;
@@ -181,6 +187,9 @@ Config Config::from_env(const Settings& given) {
   c.nsocks = static_cast<int>(in.count("MCCL_NSOCKS", static_cast<uint64_t>(c.nsocks), 1, 16));
   c.ring_lookahead_bytes = in.bytes("MCCL_RING_LOOKAHEAD_BYTES", c.ring_lookahead_bytes, 0);
   c.socket_buffer_bytes = in.bytes("MCCL_SOCKET_BUFFER_BYTES", c.socket_buffer_bytes, 0);
+  if (c.socket_buffer_bytes > static_cast<size_t>(INT_MAX))  // rejected rather than cut down to fit
+    fail(Error::Kind::kInvalidArgument, "MCCL_SOCKET_BUFFER_BYTES=", c.socket_buffer_bytes, " is larger than ",
+         INT_MAX, " bytes (2 GiB - 1), the most SO_SNDBUF / SO_RCVBUF take (an int)");
   c.max_message_bytes = in.bytes("MCCL_MAX_MESSAGE_BYTES", c.max_message_bytes, 1024);
   c.wire_dtype = in.choice("MCCL_WIRE_DTYPE", c.wire_dtype, kWireTypes, "off, bf16, fp16");
   c.spin_us = static_cast<uint32_t>(in.count("MCCL_SPIN_US", c.spin_us, 0, 10'000'000));
@@ -189,7 +198,7 @@ Config Config::from_env(const Settings& given) {
     c.send_thread_auto = false;
   }
   if (const char* v = in.get("MCCL_REDUCE_THREADS"); v && std::string(v) != "auto")
-    c.reduce_threads = static_cast<size_t>(in.count("MCCL_REDUCE_THREADS", 1, 1, 4));
+    c.reduce_threads = static_cast<size_t>(in.count("MCCL_REDUCE_THREADS", 1, 1, kMaxReduceThreads));
   if (const char* v = in.get("MCCL_DEBUG"); v && parse_log_level(v) < 0)
     fail(Error::Kind::kInvalidArgument, "MCCL_DEBUG='", v, "' is not one of ERROR, WARN, INFO, TRACE (or 0-3)");
   read_auth_secret(in, c);
@@ -209,7 +218,7 @@ size_t Config::send_thread_bytes_for(int local_ranks, unsigned cpus) const {
 size_t Config::reduce_threads_for(int local_ranks, unsigned cpus) const {
   if (reduce_threads != 0) return reduce_threads;
   const unsigned per_rank = cpus / static_cast<unsigned>(std::max(local_ranks, 1));
-  return per_rank <= 3 ? 1 : std::min<size_t>(4, per_rank - 2);
+  return per_rank <= 3 ? 1 : std::min<size_t>(kMaxReduceThreads, per_rank - 2);
 }
 
 const Config& Config::global() {

@@ -16,6 +16,10 @@ namespace mccl {
 // A collective's algorithm (algorithms/select.h); the numbers travel in the handshake (MCCL_ALGO).
 enum class AlgoChoice : uint8_t { kAuto = 0, kRing = 1, kRecursiveDoubling = 2, kTree = 3, kBruck = 4 };
 
+// MCCL_REDUCE_THREADS' maximum: the reduction pool (reduce_pool.cc) splits one piece's work into at most
+// this many parts, the calling thread's and those of kMaxReduceThreads - 1 workers.
+constexpr size_t kMaxReduceThreads = 4;
+
 // Settings given to one process group, by variable name ("MCCL_SPIN_US" -> "0"); they take the place of
 // the environment's values.
 using Settings = std::map<std::string, std::string>;
@@ -58,7 +62,8 @@ struct Config {
   // MCCL_RING_LOOKAHEAD_BYTES: scratch memory the ring reduce-scatter may use to post receives for
   // later steps early (at least a double buffer is always used).
   size_t ring_lookahead_bytes = size_t(64) << 20;
-  // MCCL_SOCKET_BUFFER_BYTES: SO_SNDBUF / SO_RCVBUF for data connections; 0 keeps the OS default (autotuning).
+  // MCCL_SOCKET_BUFFER_BYTES: SO_SNDBUF / SO_RCVBUF for data connections, at most 2 GiB - 1 (the options
+  // take an int); 0 keeps the OS default (autotuning).
   size_t socket_buffer_bytes = 0;
   // MCCL_MAX_MESSAGE_BYTES: largest frame payload accepted from a peer before any allocation.
   uint64_t max_message_bytes = uint64_t(1) << 36;
@@ -78,11 +83,11 @@ struct Config {
   bool send_thread_auto = true;
   // The setting for a rank that shares its host with `local_ranks` ranks (counting itself) and `cpus`.
   size_t send_thread_bytes_for(int local_ranks, unsigned cpus) const;
-  // MCCL_REDUCE_THREADS: 1-4 threads share the element-wise work of one piece: the progress thread and
-  // workers of the reduction pool (reduce_pool.h). It covers the widening, reduction and narrowing of
-  // compressed pieces (MCCL_WIRE_DTYPE), most of the progress thread's work there, and reductions of
-  // 4 MiB or more; 1: the progress thread alone. Unset (or "auto", 0 here): this rank's CPUs less two
-  // (for its progress and sender threads), between 1 and 4 (reduce_threads_for).
+  // MCCL_REDUCE_THREADS: 1 to kMaxReduceThreads threads share the element-wise work of one piece: the
+  // progress thread and workers of the reduction pool (reduce_pool.h). It covers the widening, reduction
+  // and narrowing of compressed pieces (MCCL_WIRE_DTYPE), most of the progress thread's work there, and
+  // reductions of 4 MiB or more; 1: the progress thread alone. Unset (or "auto", 0 here): this rank's CPUs
+  // less two (for its progress and sender threads), between 1 and kMaxReduceThreads (reduce_threads_for).
   size_t reduce_threads = 0;
   size_t reduce_threads_for(int local_ranks, unsigned cpus) const;
   // MCCL_DEBUG (log.h) is read by the logger alone, once per process; from_env only checks its value.

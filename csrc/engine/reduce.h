@@ -27,8 +27,10 @@ void divide_by(void* buf, size_t count, DataType dtype, int64_t divisor);
 // Wire compression (MCCL_WIRE_DTYPE): float32 to and from `half` (kFloat16 or kBFloat16), rounding to
 // nearest even (float16 overflows to +-Inf beyond 65504). round_float32_through(buf) = widen(narrow(buf)),
 // in place: what a rank keeps of values it also sends compressed, so every rank holds the same bits.
-// From a compressed ring piece's size (MCCL_CHUNK_BYTES / 2 elements by default) on, the conversions are
-// split: they run on every received piece, on the progress thread, where they are most of its work.
+// From 128 Ki elements (512 KiB of float32) on, the conversions are split: they run on every received
+// piece, on the progress thread, where they are most of its work. That is half a compressed ring piece at
+// the default MCCL_CHUNK_BYTES (512 KiB on the wire: 256 Ki elements), so full pieces are split down to
+// MCCL_CHUNK_BYTES=256K, while the conversions of smaller pieces and messages stay on the calling thread.
 constexpr size_t kSplitConversionsFrom = size_t(128) << 10;
 void narrow_float32(void* dst, const float* src, size_t count, DataType half, size_t max_parts = 0);
 void widen_to_float32(float* dst, const void* src, size_t count, DataType half, size_t max_parts = 0);

@@ -4,16 +4,17 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <exception>
 #include <mutex>
 #include <thread>
 
+#include "config.h"
 #include "thread_name.h"
 
 namespace mccl {
 namespace {
 
 constexpr size_t kParallelBytes = size_t(4) << 20;  // run_split: below this, run inline on the caller
-constexpr size_t kMaxParts = 4;
 
 // One call's work: parts [0, parts) of `count` elements, each `chunk` long (the last may be shorter).
 struct Task {
@@ -23,24 +24,30 @@ struct Task {
 };
 
 // Set while a thread runs a part: work it splits again runs inline (the caller already holds the pool).
+// Parts never nest, so the guard that sets it, also when the part throws, resets it to false.
 thread_local bool in_part = false;
+struct InPart {
+  InPart() { in_part = true; }
+  ~InPart() { in_part = false; }
+};
 
 void run_part(const Task& t, size_t part) {
   size_t begin = part * t.chunk;
   if (begin >= t.count) return;
-  in_part = true;
+  InPart guard;
   (*t.body)(begin, std::min(t.chunk, t.count - begin));
-  in_part = false;
 }
 
 // Persistent workers blocked on a condition variable. One job at a time: a caller that finds the pool
 // busy (another communicator thread) runs its job inline instead of waiting. The caller does part 0
-// itself; worker i does part i+1. The pool is leaked on purpose, with detached workers, so process exit
-// has nothing to tear down.
+// itself; worker i does part i+1. A part that throws does not end the job early: the workers run on the
+// caller's Task, so the caller waits for every part, then rethrows its own exception or else the first a
+// worker caught. The pool is leaked on purpose, with detached workers, so process exit has nothing to
+// tear down.
 class Pool {
  public:
   static Pool* instance() {
-    static Pool* pool = new Pool(std::min<size_t>(kMaxParts, std::thread::hardware_concurrency()));
+    static Pool* pool = new Pool(std::min<size_t>(kMaxReduceThreads, std::thread::hardware_concurrency()));
     return pool;
   }
 
@@ -59,11 +66,19 @@ class Pool {
       ++generation_;
     }
     wake_.notify_all();
-    run_part(task, 0);
+    std::exception_ptr error;
+    try {
+      run_part(task, 0);
+    } catch (...) {
+      error = std::current_exception();
+    }
     std::unique_lock<std::mutex> lock(mu_);
     done_.wait(lock, [&] { return pending_ == 0; });
     task_ = nullptr;
     parts_ = 0;
+    if (!error) std::swap(error, worker_error_);
+    worker_error_ = nullptr;
+    if (error) std::rethrow_exception(error);
     return true;
   }
 
@@ -93,8 +108,14 @@ class Pool {
       if (task_ == nullptr || part >= parts_) continue;  // job already over, or not needed for it
       const Task* task = task_;
       lock.unlock();
-      run_part(*task, part);
+      std::exception_ptr error;
+      try {
+        run_part(*task, part);
+      } catch (...) {
+        error = std::current_exception();
+      }
       lock.lock();
+      if (error && !worker_error_) worker_error_ = error;
       if (--pending_ == 0) done_.notify_one();
     }
   }
@@ -108,6 +129,7 @@ class Pool {
   size_t parts_ = 0;
   size_t pending_ = 0;
   uint64_t generation_ = 0;
+  std::exception_ptr worker_error_;  // the first exception of this job's workers, for the caller
 };
 
 }  // namespace

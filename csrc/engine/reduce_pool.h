@@ -21,6 +21,7 @@ size_t pool_width();
 // Runs body over [0, count) in up to `max_parts` parts (0: pool_width()) whose boundaries are multiples of
 // `align` elements, the caller doing part 0 and the pool's workers the others at once; false, having run
 // nothing, when it cannot split (one part, the pool busy with another thread's call, or inside a part).
+// An exception from a part is rethrown here once every part has finished.
 bool try_run_parts(size_t count, size_t align, size_t max_parts, const Range& body);
 
 // body(begin, n) over [0, count): split as above from `split_from` elements on, else inline. Below the

@@ -109,7 +109,7 @@ void Socket::configure_for_data(size_t buffer_bytes) {
   setsockopt(fd_, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof(one));
 #endif
   if (buffer_bytes > 0) {
-    int size = static_cast<int>(buffer_bytes);
+    int size = static_cast<int>(buffer_bytes);  // fits: config.cc rejects MCCL_SOCKET_BUFFER_BYTES above INT_MAX
     setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &size, sizeof(size));
     setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &size, sizeof(size));
   }
@@ -158,7 +158,8 @@ void Socket::write_all(const void* data, size_t size, Deadline deadline, const s
     if (n == 0) {
       pollfd pfd{fd_, POLLOUT, 0};
       if (::poll(&pfd, 1, ms_until(deadline)) == 0 && Clock::now() >= deadline)
-        fail(Error::Kind::kTimeout, "timed out sending the handshake to ", what);
+        fail(Error::Kind::kTimeout, "timed out sending to ", what, ": the connection took no more bytes before the "
+             "deadline (the peer is not reading)");
       continue;
     }
     p += n;
@@ -190,6 +191,18 @@ void make_wake_pipe(int* read_end, int* write_end) {
   }
   *read_end = fds[0];
   *write_end = fds[1];
+}
+
+void write_wake_pipe(int write_end) {
+  char byte = 1;
+  ssize_t ignored = ::write(write_end, &byte, 1);  // fails only when the pipe is full: awake already
+  (void)ignored;
+}
+
+void drain_wake_pipe(int read_end) {
+  char buf[64];
+  while (::read(read_end, buf, sizeof(buf)) > 0) {
+  }
 }
 
 size_t Socket::send_some(const struct iovec* iov, int iovcnt) { return send_some_on(fd_, iov, iovcnt); }

@@ -1,5 +1,6 @@
 // A TCP socket: RAII ownership of the fd, the options MCCL needs, and deadline-bounded helpers for the
-// connection handshake. The data path (transport.cc) uses the non-blocking send_some / recv_some.
+// connection handshake and the abort frame. The data path (transport.cc) uses the non-blocking send_some /
+// recv_some.
 // Portable POSIX: Linux-only and Darwin-only options are behind #ifdef.
 #pragma once
 
@@ -26,6 +27,10 @@ sockaddr_storage parse_address(const std::string& text);
 
 // A non-blocking, close-on-exec pipe: how a thread blocked in poll() is woken (a byte written to write_end).
 void make_wake_pipe(int* read_end, int* write_end);
+// Writes the byte (thread-safe; a full pipe already means "wake up").
+void write_wake_pipe(int write_end);
+// Reads the pipe empty, on the woken thread.
+void drain_wake_pipe(int read_end);
 
 class Socket {
  public:
@@ -59,7 +64,9 @@ class Socket {
   static Socket connect_to(const sockaddr_storage& addr, Deadline deadline, const std::string& what);
 
   // Whole-buffer I/O on a non-blocking socket, waiting with poll() until the deadline. Throw
-  // kTimeout / kConnection with `what` in the message. Used only during the handshake.
+  // kTimeout / kConnection with `what` in the message. read_all is used only during the handshake;
+  // write_all also on the abort path (write_rest in frame_cursor.h: the rest of a half-sent frame, then
+  // the abort frame).
   void write_all(const void* data, size_t size, Deadline deadline, const std::string& what);
   void read_all(void* data, size_t size, Deadline deadline, const std::string& what);
 

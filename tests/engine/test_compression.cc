@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "check.h"
+#include "collective.h"
 #include "local_world.h"
 #include "reduce.h"
 #include "reduce_pool.h"
@@ -211,6 +212,24 @@ TEST(compressed_ring_over_reduce_threads_equals_one_thread) {
     CHECK_MSG(std::fabs(by_threads[0][i] - exact) <= (world + 1) * unit_roundoff(DataType::kBFloat16) * magnitude * 1.01,
               "i %zu: got %g want %g", i, by_threads[0][i], exact);
   }
+}
+
+// A wire buffer is in use from take() on: one taken but not yet held by a request (wire_buffer() before
+// send_narrowed()) is not handed out again; one whose request is done is.
+TEST(a_wire_buffer_is_in_use_from_take_until_its_request_is_done) {
+  WireBuffers buffers;
+  char* taken = buffers.take(64);
+  CHECK(buffers.take(64) != taken);
+  buffers.release_all();
+  char* posted = buffers.take(64);
+  auto request = std::make_shared<Request>();
+  buffers.hold(request);
+  CHECK(buffers.take(64) != posted);
+  request->done = true;
+  buffers.release_all();
+  posted = buffers.take(64);
+  buffers.hold(request);
+  CHECK(buffers.take(64) == posted);
 }
 
 TEST(one_rank_compressing_alone_is_a_named_mismatch) {

@@ -176,6 +176,50 @@ TEST(unmatched_recv_times_out_naming_peer_and_tag) {
   CHECK(took < std::chrono::seconds(6));
 }
 
+// Receives nobody sends, issued by one thread while another shuts the communicator down or aborts it:
+// every Work a call returned fails with kAborted (none is left pending once the progress thread has
+// stopped), and the call that comes too late raises. Rounds stop at different moments of the stream.
+void unmatched_recvs_fail_when_stopped(bool abort) {
+  for (int round = 0; round < static_cast<int>(mccl_test::sized(20, 6)); ++round) {
+    std::atomic<bool> checked{false};
+    auto errors = run_world(2, [&](int rank, Communicator& comm) {
+      if (rank == 1) {
+        stay_away_until(checked, std::chrono::milliseconds(10000));  // never sends
+        return;
+      }
+      std::thread stopper([&] {
+        std::this_thread::sleep_for(std::chrono::microseconds(250 * (round % 5)));
+        if (abort) comm.abort();
+        else comm.shutdown();
+      });
+      std::vector<WorkPtr> works;
+      float x = 0;
+      try {
+        for (uint64_t tag = 0;; ++tag) works.push_back(comm.recv(&x, 1, DataType::kFloat32, 1, tag));
+      } catch (const Error& e) {
+        if (e.kind() != Error::Kind::kAborted) throw;
+      }
+      stopper.join();
+      for (auto& work : works) {
+        bool finished = false;
+        try {
+          finished = work->wait_for(std::chrono::seconds(5));
+        } catch (const Error& e) {
+          if (e.kind() != Error::Kind::kAborted) throw;
+          continue;
+        }
+        fail(Error::Kind::kInternal, finished ? "a recv nobody sent succeeded" : "a recv was left pending");
+      }
+      checked = true;
+    }, std::chrono::seconds(20));
+    for (int r = 0; r < 2; ++r) CHECK_MSG(errors[r].empty(), "round %d, rank %d: %s", round, r, errors[r].c_str());
+  }
+}
+
+TEST(unmatched_recvs_fail_at_shutdown) { unmatched_recvs_fail_when_stopped(false); }
+
+TEST(unmatched_recvs_fail_at_abort) { unmatched_recvs_fail_when_stopped(true); }
+
 TEST(missing_rank_times_out_in_rendezvous) {
   mccl_test::MemoryStore store(std::chrono::milliseconds(500));
   std::string message;

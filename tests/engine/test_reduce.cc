@@ -3,6 +3,8 @@
 // integer wraparound, divide_by, the support table and the errors.
 #include "reduce.h"
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -10,6 +12,7 @@
 #include <initializer_list>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +20,7 @@
 #include "check.h"
 #include "dtype.h"
 #include "error.h"
+#include "reduce_pool.h"
 #include "reduce_reference.h"
 
 using namespace reduce_reference;
@@ -286,6 +290,31 @@ TEST(concurrent_large_reductions) {
   }
   for (auto& th : threads) th.join();
   for (int k = 0; k < 4; ++k) CHECK_MSG(ok[k], "thread %d", k);
+}
+
+// A part that throws, the caller's (part 0) or a worker's: the call rethrows it only once every part has
+// finished (the workers run on the caller's frame), and the pool splits the next call as before.
+TEST(a_throwing_part_reaches_the_caller_after_every_part) {
+  if (mccl::pool_width() < 2) return;  // no worker on this host: nothing runs beside the caller
+  const size_t count = size_t(1) << 16;
+  for (bool worker_throws : {false, true}) {
+    std::atomic<int> finished{0};
+    std::string caught;
+    try {
+      mccl::try_run_parts(count, 64, 2, [&](size_t begin, size_t) {
+        if ((begin != 0) == worker_throws) throw std::runtime_error("part failed");
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        ++finished;
+      });
+    } catch (const std::runtime_error& e) {
+      caught = e.what();
+    }
+    CHECK_MSG(caught == "part failed" && finished == 1, "worker_throws %d: '%s', %d finished", worker_throws,
+              caught.c_str(), finished.load());
+  }
+  std::atomic<size_t> covered{0};
+  CHECK(mccl::try_run_parts(count, 64, 2, [&](size_t, size_t n) { covered += n; }));
+  CHECK(covered == count);
 }
 
 MCCL_TEST_MAIN

@@ -1,5 +1,6 @@
 // The algorithm table (algorithms/select.cc) and the settings that steer it, read per communicator
 // from a process group's settings or the environment (config.cc). No sockets: these run in microseconds.
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
@@ -127,6 +128,21 @@ TEST(counts_reject_byte_suffixes) {
             error_of({{"MCCL_NSOCKS", "17"}}).c_str());
   CHECK(Config::from_env({{"MCCL_NSOCKS", "3"}}).nsocks == 3);
   CHECK(Config::from_env({{"MCCL_CHUNK_BYTES", "64K"}}).chunk_bytes == 64 * KiB);  // bytes still take suffixes
+}
+
+// Byte counts past 2^64 - 1, as written (strtoull's range) or once scaled by their suffix, are errors naming
+// the variable rather than wrapped values; so is a socket buffer past the int the socket options take.
+TEST(byte_counts_that_do_not_fit_are_rejected) {
+  for (const char* bad : {"18446744073709551616", "99999999999999999999999", "17179869184G", "18014398509481984K"}) {
+    const std::string e = error_of({{"MCCL_RING_LOOKAHEAD_BYTES", bad}});
+    CHECK_MSG(contains(e, std::string("MCCL_RING_LOOKAHEAD_BYTES='") + bad + "' is too large"), "%s: %s", bad,
+              e.c_str());
+  }
+  CHECK(Config::from_env({{"MCCL_MAX_MESSAGE_BYTES", "18446744073709551615"}}).max_message_bytes == UINT64_MAX);
+  CHECK(Config::from_env({{"MCCL_MAX_MESSAGE_BYTES", "17179869183G"}}).max_message_bytes == 17179869183ull << 30);
+  const std::string e = error_of({{"MCCL_SOCKET_BUFFER_BYTES", "2G"}});
+  CHECK_MSG(contains(e, "MCCL_SOCKET_BUFFER_BYTES=2147483648 is larger than 2147483647"), "%s", e.c_str());
+  CHECK(Config::from_env({{"MCCL_SOCKET_BUFFER_BYTES", "2147483647"}}).socket_buffer_bytes == 2147483647u);
 }
 
 // MCCL_REDUCE_THREADS: auto leaves two CPUs of a rank's share to its progress and sender threads, 1-4 forced.

@@ -12,6 +12,7 @@
 // s % slots), posted `slots` steps ahead: ranks upstream may run several steps ahead of us, and a
 // frame whose receive is already posted lands in place instead of in an unexpected-frame copy.
 // slots covers as many steps as MCCL_RING_LOOKAHEAD_BYTES of scratch holds, at least 2 (double buffer).
+// Compressed pieces land in wire buffers instead (collective.h), posted as many steps ahead.
 //
 // All-gather schedule: at step s rank r sends segment (r-s) and receives segment (r-s-1) straight
 // into its final place (zero-copy); a received piece is forwarded at step s+1 from where it landed.
@@ -63,7 +64,9 @@ void ring_reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32
   for (const auto& seg : segs) max_seg = std::max(max_seg, seg.bytes);
   const size_t fit = c.config().ring_lookahead_bytes / std::max<size_t>(max_seg, 1);
   const int slots = static_cast<int>(std::min<size_t>(steps, std::max<size_t>(2, fit)));
-  char* scratch = c.scratch(0, static_cast<size_t>(slots) * max_seg);
+  // Compressed, recv_for_reduce receives into wire buffers: no scratch (it is zero-filled when it grows, up
+  // to MCCL_RING_LOOKAHEAD_BYTES, for nothing), and no landing.
+  char* scratch = c.compressed() ? nullptr : c.scratch(0, static_cast<size_t>(slots) * max_seg);
 
   auto send_seg = [&](int s) -> const Segment& { return segs[wrap(r - s - 1, n)]; };
   auto recv_seg = [&](int s) -> const Segment& { return segs[wrap(r - s - 2, n)]; };
@@ -71,10 +74,10 @@ void ring_reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32
   std::vector<RequestPtr> sends;
   auto post_recvs = [&](int s) {
     const Segment& seg = recv_seg(s);
-    char* half = scratch + (s % slots) * max_seg;
     for (size_t p = 0; p < pieces.count(seg); ++p) {
       size_t at = pieces.begin(seg, p);
-      recvs[s].push_back(c.recv_for_reduce(left, half + at, pieces.length(seg, p), seg.offset + at, step_base + s));
+      char* landing = scratch ? scratch + (s % slots) * max_seg + at : nullptr;
+      recvs[s].push_back(c.recv_for_reduce(left, landing, pieces.length(seg, p), seg.offset + at, step_base + s));
     }
   };
 

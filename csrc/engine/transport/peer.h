@@ -58,7 +58,6 @@ class Peer {
   };
   Peer(int rank, std::string name, std::vector<Socket> lanes, const Context& context, Clock::time_point now);
 
-  int rank() const { return rank_; }
   const std::string& name() const { return name_; }
   int lanes() const { return static_cast<int>(lanes_.size()); }
   int fd(int lane) const { return lanes_[lane].sock.fd(); }

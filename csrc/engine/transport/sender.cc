@@ -15,12 +15,6 @@
 namespace mccl {
 namespace {
 constexpr size_t kBatch = kMaxIov / 2;  // segments per sendmsg (head and payload each take an iovec)
-
-void drain(int fd) {
-  char buf[64];
-  while (::read(fd, buf, sizeof(buf)) > 0) {
-  }
-}
 }  // namespace
 
 Sender::Sender(int slots, std::function<void()> notify, std::chrono::microseconds spin)
@@ -48,11 +42,7 @@ void Sender::submit(int slot, int fd, FrameCursor segment) {
     submitted_.fetch_add(1, std::memory_order_release);
     wake = polling_;
   }
-  if (wake) {
-    char byte = 1;
-    ssize_t ignored = ::write(wake_write_, &byte, 1);  // a full pipe already means "wake up"
-    (void)ignored;
-  }
+  if (wake) write_wake_pipe(wake_write_);
 }
 
 void Sender::collect(std::vector<Report>* out) {
@@ -71,9 +61,7 @@ void Sender::stop(std::vector<size_t>* head_progress) {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
-  char byte = 1;
-  ssize_t ignored = ::write(wake_write_, &byte, 1);
-  (void)ignored;
+  write_wake_pipe(wake_write_);
   if (thread_.joinable()) thread_.join();
   if (head_progress) {
     head_progress->assign(slots_.size(), 0);
@@ -138,7 +126,7 @@ void Sender::run() {
       }
       pollfd pfd{wake_read_, POLLIN, 0};
       ::poll(&pfd, 1, -1);
-      drain(wake_read_);
+      drain_wake_pipe(wake_read_);
       continue;
     }
     bool moved = false, news = false;
@@ -173,7 +161,7 @@ void Sender::run() {
       polling_ = true;  // from here on, submit() writes the pipe
     }
     ::poll(fds.data(), fds.size(), -1);
-    if (fds[0].revents & POLLIN) drain(wake_read_);
+    if (fds[0].revents & POLLIN) drain_wake_pipe(wake_read_);
   }
 }
 

@@ -46,11 +46,7 @@ void Transport::throw_if_failed() const {
   if (fatal_) std::rethrow_exception(fatal_);
 }
 
-void Transport::wake() {
-  char byte = 1;
-  ssize_t ignored = ::write(wake_write_, &byte, 1);  // a full pipe already means "wake up"
-  (void)ignored;
-}
+void Transport::wake() { write_wake_pipe(wake_write_); }
 
 RequestPtr Transport::post_send(int peer, const FrameHeader& header, const void* data, size_t length,
                                 std::function<void(const Request&, std::exception_ptr)> on_done) {
@@ -179,9 +175,7 @@ void Transport::progress(int timeout_ms) {
     }
   }
   if (ready > 0 && (fds[0].revents & POLLIN)) {
-    char buf[64];
-    while (::read(wake_read_, buf, sizeof(buf)) > 0) {
-    }
+    drain_wake_pipe(wake_read_);
     if (on_wakeup_) on_wakeup_();
   }
   check_liveness();
