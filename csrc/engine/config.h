@@ -54,10 +54,11 @@ struct Config {
   // MCCL_CHUNK_BYTES: pipelining granularity of the ring (each ring step moves its segment in such pieces),
   // in bytes on the wire: a compressed float32 piece holds chunk_bytes / 2 elements.
   size_t chunk_bytes = 512 * 1024;
-  // MCCL_NSOCKS: TCP connections ("lanes") between every two ranks, 1-16. A collective's pieces are spread
-  // over them (by step and piece), each lane with its own sender thread when there is one, so several
-  // cores copy into the kernel at once and a link that limits each flow is used by several. Must be the
-  // same on every rank (checked when connecting), as must MCCL_CHUNK_BYTES.
+  // MCCL_NSOCKS: TCP connections ("lanes") between every two ranks, 1-16. Each frame's payload is split
+  // across them in shares of at least 16 KiB (transport/peer.h), with a sender thread per lane index when
+  // sender threads are on, so several cores copy into the kernel at once and a link that limits each flow
+  // is used by several. Must be the same on every rank (checked when connecting); so must
+  // MCCL_CHUNK_BYTES (not checked there: a difference is a mismatch at the first multi-piece collective).
   int nsocks = 1;
   // MCCL_RING_LOOKAHEAD_BYTES: scratch memory the ring reduce-scatter may use to post receives for
   // later steps early (at least a double buffer is always used).
@@ -75,8 +76,8 @@ struct Config {
   // sleeps: the progress thread waiting for a peer's frame or for the next collective, and a caller
   // waiting on a collective. Saves thread wake-ups on every small collective; 0: always sleep.
   uint32_t spin_us = 50;
-  // MCCL_SEND_THREAD_BYTES: frames with at least this many payload bytes are written by a sender thread
-  // per communicator, so sending overlaps receiving and reducing on the progress thread; 0: one thread
+  // MCCL_SEND_THREAD_BYTES: frames with at least this many payload bytes are written by their lane's sender
+  // thread (one per lane index, shared by the peers), so sending overlaps receiving and reducing on the progress thread; 0: one thread
   // does all socket I/O. Unset (or "auto"): 512 KiB when this host has at least 4 CPUs per rank on it
   // (send_thread_auto), else 0: with fewer, the extra thread competes with the ranks for cores.
   size_t send_thread_bytes = 512 * 1024;
