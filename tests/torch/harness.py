@@ -1,6 +1,6 @@
 """Multi-process harness for the torch.distributed tests of the "mccl" backend.
 
-`run_ranks(fn, world_size)` starts one spawned process per rank, initialises the process group in each
+`run_ranks(fn, world_size)` starts one process per rank, initialises the process group in each
 (TCP rendezvous on a free localhost port), runs `fn(rank, world_size, *args)`, destroys the group and
 hands back every rank's result. The parent owns the deadline: a rank that does not finish in time is
 killed and the call raises AssertionError naming it (and what it was doing, see `progress`), so a bug in
@@ -8,6 +8,11 @@ the backend shows up as a test failure, never as a hung test run.
 
 The backend is chosen by the environment variable MCCL_TEST_BACKEND (default "mccl"); "gloo" runs the
 same tests against PyTorch's Gloo backend, which is how the tests themselves are validated.
+
+Ranks are forks of a fork server that imported torch once (`_context`), which saves each rank the second or
+two of importing it; everything else starts fresh in the rank, as in a spawned interpreter: the rank gets the
+parent's environment at the call (the server's own is cleared) and imports lightning_mccl itself, so
+variables read once per process still are.
 
 Results travel through a Pipe, so they must be picklable; torch tensors are converted to numpy arrays
 before they are sent (bfloat16 as float32, which is exact).
@@ -39,6 +44,19 @@ DEFAULT_BACKEND = "mccl"
 FAILURE_GRACE_S = 15.0
 # Between SIGTERM and SIGKILL.
 KILL_GRACE_S = 2.0
+# What the fork server imports once for every rank: torch reads none of the MCCL_* variables, and the tests'
+# torch variables (GLOO_SOCKET_IFNAME, OMP_NUM_THREADS) are read when a group or a thread pool starts.
+PRELOAD = ["torch", "torch.distributed", "numpy"]
+_ctx = None
+
+
+def _context():
+    """The forkserver context of every run_ranks call, started on first use (with HERE on its sys.path)."""
+    global _ctx
+    if _ctx is None:
+        _ctx = mp.get_context("forkserver")
+        _ctx.set_forkserver_preload(PRELOAD)
+    return _ctx
 
 
 def backend_name() -> str:
@@ -104,8 +122,12 @@ def to_plain(obj):
     return obj
 
 
-def _child_main(fn_ref, rank, world_size, backend, init_url, pg_timeout_s, init, args, conn, stack_path):
+def _child_main(fn_ref, rank, world_size, backend, init_url, pg_timeout_s, init, args, conn, stack_path, environ,
+                path):
     global _progress_conn, _progress_rank
+    os.environ.clear()  # the fork server's environment and sys.path are the first call's: take this call's
+    os.environ.update(environ)
+    sys.path[:] = path
     _progress_conn = conn
     _progress_rank = rank
     # On SIGUSR1 (sent by the parent to a rank that missed the deadline) dump every thread's Python stack
@@ -268,7 +290,7 @@ def run_ranks(
     }
     child_env.update({k: str(v) for k, v in (env or {}).items()})
 
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     fn_ref = (fn.__module__, fn.__qualname__)
     procs: dict[int, mp.Process] = {}
     conns: dict[int, mpc.Connection] = {}
@@ -276,13 +298,14 @@ def run_ranks(
     stack_dir = tempfile.TemporaryDirectory(prefix="mccl-test-stacks-")
     stack_paths: dict[int, str] = {}
     try:
-        os.environ.update(child_env)  # inherited by the spawned interpreters from their start
+        os.environ.update(child_env)  # what each rank's environment is set to (_child_main)
         for rank in ranks:
             recv_conn, send_conn = ctx.Pipe(duplex=False)
             stack_paths[rank] = os.path.join(stack_dir.name, f"rank{rank}.stack")
             p = ctx.Process(
                 target=_child_main,
-                args=(fn_ref, rank, world_size, backend, init_url, pg_timeout, init, args, send_conn, stack_paths[rank]),
+                args=(fn_ref, rank, world_size, backend, init_url, pg_timeout, init, args, send_conn, stack_paths[rank],
+                      dict(os.environ), list(sys.path)),
                 name=f"mccl-test-rank{rank}",
                 daemon=True,
             )
