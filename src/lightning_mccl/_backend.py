@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import Optional
 
 import torch.distributed as dist
 
@@ -27,22 +28,32 @@ def _store_host(store) -> str:
     return ""
 
 
-_engine_wire: "str | None" = None  # MCCL_WIRE_DTYPE of this process's first mccl group
+_wire_by_group: "dict[str, str]" = {}  # torch's group name -> MCCL_WIRE_DTYPE its mccl backend read
 
 
-def engine_wire_dtype():
-    """MCCL_WIRE_DTYPE of this process's first mccl group (its options, else the environment then), or None
-    before that. Each group reads its own settings when it is made (options.py)."""
-    return _engine_wire
+def wire_dtype_of(group=None) -> "Optional[str]":
+    """The MCCL_WIRE_DTYPE that `group`'s mccl backend read when it was made (its pg_options, else the
+    environment then, else "off"); `group` defaults to the default group. None when torch.distributed is not
+    initialized, or when the group is not an mccl group made by this backend (a Gloo group, say, even one that
+    reuses the name of a destroyed mccl group). Each group reads its own settings when it is made
+    (options.py), and keeps them."""
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    if group is None:
+        group = dist.group.WORLD
+    try:
+        if dist.get_backend(group) != BACKEND_NAME:
+            return None
+    except (RuntimeError, ValueError):  # not a group of this process (destroyed, or another rank set's)
+        return None
+    return _wire_by_group.get(str(group.group_name))
 
 
 def _create_backend(opts, backend_options=None):
     """torch's extended-API creator: one ProcessGroupMCCL per process group and device. `backend_options`
     is the pg_options of init_process_group / new_group: lightning_mccl.Options or a dict (options.py)."""
-    global _engine_wire
     settings = settings_of(backend_options)
-    if _engine_wire is None:
-        _engine_wire = settings.get("MCCL_WIRE_DTYPE", os.environ.get("MCCL_WIRE_DTYPE", "off"))
+    _wire_by_group[str(opts.group_id)] = settings.get("MCCL_WIRE_DTYPE", os.environ.get("MCCL_WIRE_DTYPE", "off"))
     timeout = opts.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))

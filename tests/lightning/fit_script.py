@@ -4,16 +4,18 @@
 
 Each RUN trains the same tiny deterministic model for STEPS steps on 2 CPU ranks and every rank writes
 OUT_DIR/RUN.rank<R>.pt: the final parameters plus what the run really used (torch.distributed backend,
-strategy and cluster-environment classes, the DDP comm hooks, world size, whether the process group was
-still there after fit); at exit, OUT_DIR/exit.rank<R>.pt says whether the group was still there once the
+strategy and cluster-environment classes, the DDP comm hooks, world size, the wire type the default group
+read and MCCL_WIRE_DTYPE in the environment, whether the process group was still there after fit); at exit, OUT_DIR/exit.rank<R>.pt says whether the group was still there once the
 other exit handlers had run. RUNs execute in order in the same processes, so later ones also exercise a
 second fit in the same process.
 
     ddp                  Trainer(strategy="ddp")                   Lightning's own DDP over Gloo: the reference
     gloo_bf16            MCCLStrategy(process_group_backend="gloo", compress="bf16"): reference for the next
     mccl                 Trainer(strategy="mccl")
-    mccl_bf16_compress   Trainer(strategy="mccl_bf16_compress"): the engine's bf16 wire compression (a
-                         process of its own: its group reads MCCL_WIRE_DTYPE when it is made)
+    mccl_bf16_compress   Trainer(strategy="mccl_bf16_compress"): the engine's bf16 wire compression (its
+                         group reads MCCL_WIRE_DTYPE from its pg_options when it is made)
+    mccl_after_destroy   torch.distributed.destroy_process_group(), then Trainer(strategy="mccl"): after
+                         mccl_bf16_compress, a new group that reads its own (uncompressed) wire type
     mccl_bf16_hook       MCCLStrategy(compress="bf16_hook"): torch's hook, like gloo_bf16
     mccl_powersgd        MCCLStrategy(compress="powersgd", PowerSGD from step 2); gloo_powersgd: over Gloo
     instance             Trainer(strategy=MCCLStrategy(timeout=120), accelerator="auto")
@@ -78,7 +80,8 @@ class TinyModel(L.LightningModule):
             "world_size": torch.distributed.get_world_size(),
             "comm_hooks": [hook.__qualname__ for hook, _ in getattr(ddp, "_comm_hooks", [])],
             "bound_device_id": str(torch.distributed.group.WORLD.bound_device_id),
-            "engine_wire": lightning_mccl._backend.engine_wire_dtype(),
+            "engine_wire": lightning_mccl._backend.wire_dtype_of(),
+            "wire_env": os.environ.get("MCCL_WIRE_DTYPE"),
         }
 
     def configure_optimizers(self):
@@ -125,6 +128,9 @@ def run(name: str):
         return fit_trainer(MCCLStrategy(process_group_backend="gloo", compress="bf16"))
     if name in ("mccl", "mccl_bf16_compress"):
         return fit_trainer(name)
+    if name == "mccl_after_destroy":  # a new group after the last one was destroyed: its own settings
+        torch.distributed.destroy_process_group()
+        return fit_trainer("mccl")
     if name == "mccl_bf16_hook":
         return fit_trainer(MCCLStrategy(compress="bf16_hook"))
     if name in ("mccl_powersgd", "gloo_powersgd"):

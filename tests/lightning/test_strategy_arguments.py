@@ -119,22 +119,27 @@ def test_timeout_is_a_timedelta_or_a_positive_number_of_seconds(name):
 
 
 def test_wire_compression_conflicts_are_named(monkeypatch):
-    from lightning_mccl import _backend
     from lightning_mccl.lightning import compress
 
     monkeypatch.setenv("MCCL_WIRE_DTYPE", "fp16")
-    monkeypatch.setattr(_backend, "_engine_wire", None)
     with pytest.raises(ValueError, match="compress='bf16'\\) but MCCL_WIRE_DTYPE=fp16 in the environment"):
-        compress.set_engine_wire("bf16")
-    compress.set_engine_wire("float16")  # the same setting, spelled as the engine also accepts it
+        compress.wire_settings("bf16", None)
+    # the same setting, spelled as the engine also accepts it
+    assert compress.wire_settings("float16", None) == {"MCCL_WIRE_DTYPE": "float16"}
+    monkeypatch.setenv("MCCL_WIRE_DTYPE", "float16")
+    assert compress.wire_settings("fp16", "fp16") == {"MCCL_WIRE_DTYPE": "fp16"}
+    assert os.environ["MCCL_WIRE_DTYPE"] == "float16"  # left as it was
     monkeypatch.delenv("MCCL_WIRE_DTYPE")
-    monkeypatch.setattr(_backend, "_engine_wire", "off")  # a group started earlier, uncompressed
-    with pytest.raises(ValueError, match="already started with MCCL_WIRE_DTYPE=off"):
-        compress.set_engine_wire("bf16")
-    compress.set_engine_wire(None)  # compress unset: nothing to check
-    monkeypatch.setattr(_backend, "_engine_wire", None)
-    compress.set_engine_wire("bf16")
-    assert os.environ["MCCL_WIRE_DTYPE"] == "bf16"
+    # a default group made earlier, uncompressed, that this fit would reuse
+    with pytest.raises(ValueError) as info:
+        compress.wire_settings("bf16", "off")
+    assert "existing default process group, which this fit reuses, was made with MCCL_WIRE_DTYPE=off" in str(info.value)
+    assert "torch.distributed.destroy_process_group() before this fit" in str(info.value)
+    assert compress.wire_settings("bf16", "bfloat16") == {"MCCL_WIRE_DTYPE": "bf16"}
+    assert compress.wire_settings(None, "bf16") == {}  # compress unset: the environment decides
+    assert compress.wire_settings(None, None) == {}
+    assert compress.wire_settings("bf16", None) == {"MCCL_WIRE_DTYPE": "bf16"}
+    assert "MCCL_WIRE_DTYPE" not in os.environ  # never written
 
 
 def test_import_registers_lazily_and_a_failed_registration_only_warns():
@@ -179,3 +184,38 @@ def test_options_reach_the_process_group(no_launch_env):
     with pytest.raises(Exception, match=r"MCCL_SPIN_US='2K' is not a whole number"):
         strategy.setup_distributed()
     assert not torch.distributed.is_initialized()
+
+
+def test_wire_type_travels_in_the_groups_options_not_the_environment(no_launch_env):
+    """compress='bf16' makes a group that read bf16 and leaves MCCL_WIRE_DTYPE unset; a fit that would reuse that
+    group with another compress is a ValueError naming the group's setting; after destroy_process_group() the
+    next group reads its own."""
+    from lightning.fabric.plugins.environments import LightningEnvironment
+
+    from launch_env import free_port
+    from lightning_mccl import _backend
+    from lightning_mccl.lightning import MCCLStrategy
+
+    def setup(compress):
+        no_launch_env.setenv("MASTER_PORT", str(free_port()))
+        MCCLStrategy(parallel_devices=[torch.device("cpu")], cluster_environment=LightningEnvironment(),
+                     compress=compress, timeout=30).setup_distributed()
+
+    no_launch_env.delenv("MCCL_WIRE_DTYPE", raising=False)
+    try:
+        setup("bf16")
+        assert _backend.wire_dtype_of() == "bf16" and "MCCL_WIRE_DTYPE" not in os.environ
+        setup("bf16")  # the same setting: the group is reused
+        with pytest.raises(ValueError, match=r"existing default process group, which this fit reuses, was made "
+                                             r"with MCCL_WIRE_DTYPE=bf16"):
+            setup("fp16")
+        torch.distributed.destroy_process_group()
+        assert _backend.wire_dtype_of() is None
+        setup("fp16")
+        assert _backend.wire_dtype_of() == "fp16" and "MCCL_WIRE_DTYPE" not in os.environ
+        torch.distributed.destroy_process_group()
+        setup(None)
+        assert _backend.wire_dtype_of() == "off"
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

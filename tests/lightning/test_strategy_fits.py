@@ -8,7 +8,9 @@ accelerator="auto", LightningCLI (`--trainer.strategy mccl` and the `class_path`
 `compress="bf16_hook"` must equal MCCLStrategy(process_group_backend="gloo", compress="bf16") and differ from
 the uncompressed result (so the hook really ran on CPU, where DDPStrategy registers none); `mccl_bf16_compress`
 (the engine's wire compression, no hook) must stay within bf16's error bound of the uncompressed result and
-differ from it; `compress="powersgd"` must equal the same PowerSGD over Gloo.
+differ from it, without MCCL_WIRE_DTYPE in the environment; after it, destroy_process_group() and an
+uncompressed fit (`mccl_after_destroy`) must make a new group reading "off" that equals the reference;
+`compress="powersgd"` must equal the same PowerSGD over Gloo.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ LAUNCHES = {
     "lightning_ddp": lambda out: [sys.executable, SCRIPT, out, "ddp", "gloo_bf16", "gloo_powersgd"],
     "lightning_mccl": lambda out: [sys.executable, SCRIPT, out, "mccl", "mccl_bf16_hook", "instance",
                                    "cli_string", "cli_class_path", "mccl_powersgd"],
-    "lightning_mccl_wire": lambda out: [sys.executable, SCRIPT, out, "mccl_bf16_compress"],
+    "lightning_mccl_wire": lambda out: [sys.executable, SCRIPT, out, "mccl_bf16_compress", "mccl_after_destroy"],
     "torchrun": lambda out: [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                              "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                              SCRIPT, out, "mccl", "--lightning-first"],
@@ -178,10 +180,22 @@ def test_bf16_wire_compression_stays_within_bf16_error_of_gloo(fits):
     for rank in (0, 1):
         rec = fits.record("lightning_mccl_wire", "mccl_bf16_compress", rank)
         assert (rec["backend"], rec["comm_hooks"], rec["engine_wire"]) == ("mccl", [], "bf16")
+        assert rec["wire_env"] is None  # passed in the group's pg_options, not the environment
         diff = max_diff(rec["params"], plain["params"])
         assert 1e-6 < diff <= 2 * 3 * 2.0**-8 * moved, (diff, moved)
     assert max_diff(fits.record("lightning_mccl_wire", "mccl_bf16_compress", 1)["params"],
                     fits.record("lightning_mccl_wire", "mccl_bf16_compress", 0)["params"]) == 0
+
+
+def test_fit_after_destroy_makes_a_group_with_its_own_wire_type(fits):
+    """After the bf16 fit, destroy_process_group() and a fit with compress unset: the new group reads no bf16
+    (not from the environment, not from the earlier group) and trains exactly like the reference."""
+    ref = reference(fits)
+    for rank in (0, 1):
+        assert fits.record("lightning_mccl_wire", "mccl_bf16_compress", rank)["engine_wire"] == "bf16"
+        rec = fits.record("lightning_mccl_wire", "mccl_after_destroy", rank)
+        assert (rec["backend"], rec["comm_hooks"], rec["engine_wire"], rec["wire_env"]) == ("mccl", [], "off", None)
+        assert_params_close(rec["params"], ref["params"])
 
 
 def test_powersgd_runs_and_matches_gloo(fits):

@@ -13,9 +13,10 @@
     "powersgd"                torch's `powerSGD_hook` with a `PowerSGDState` built from `compress_options`
                               (defaults below: rank 1, error feedback, warm start, PowerSGD from step 10).
 
-A process group reads MCCL_WIRE_DTYPE when it is made (docs/settings.md): the strategy sets it before it
-creates its group, and a process whose first mccl group was made with another setting (a second fit with
-another `compress` in the same process, which reuses that group) gets a ValueError, never a silent no-op.
+A process group reads MCCL_WIRE_DTYPE when it is made (docs/settings.md): the strategy passes it in the
+pg_options of the group it creates (`wire_settings`), never in the environment. A second fit in the same
+process reuses that group, so another `compress` then is a ValueError naming the group's setting, never a
+silent no-op; after `torch.distributed.destroy_process_group()` a fit makes a new group with its own setting.
 """
 from __future__ import annotations
 
@@ -90,25 +91,26 @@ def _powersgd_parameters() -> list:
             if p not in ("self", "process_group")]
 
 
-def set_engine_wire(wire: Optional[str]) -> None:
-    """Before the mccl group is created: MCCL_WIRE_DTYPE for this process's engine. ValueError when the
-    environment, or an engine that already started, says otherwise (every rank runs the same code, so every
-    rank sets the same value; the engine checks that on the wire too)."""
-    from .. import _backend
-
+def wire_settings(wire: Optional[str], existing: Optional[str]) -> Dict[str, str]:
+    """The pg_options settings that give a new mccl group the wire type `wire` (the plan's): {MCCL_WIRE_DTYPE:
+    wire}, or {} when `wire` is None (compress unset: the environment decides, as without the strategy).
+    `existing` is the MCCL_WIRE_DTYPE of the mccl default group that already exists and that Lightning will
+    reuse (`_backend.wire_dtype_of()`), None when there is none. ValueError when the environment, or that
+    group, says otherwise (every rank runs the same code, so every rank passes the same value; the engine
+    checks that on the wire too). Never writes the environment."""
     if wire is None:
-        return  # compress unset: the environment decides, as without the strategy
+        return {}
     want = _normal(wire)
-    started = _backend.engine_wire_dtype()
-    if started is not None and _normal(started) != want:
-        raise ValueError(f"MCCLStrategy(compress={wire!r}): this process's mccl engine already started with "
-                         f"{WIRE_ENV}={started} (its group keeps what it read when it was made); use one compress setting per "
-                         f"process, or set {WIRE_ENV} before the first process group")
     env = os.environ.get(WIRE_ENV)
     if env is not None and _normal(env) != want:
         raise ValueError(f"MCCLStrategy(compress={wire!r}) but {WIRE_ENV}={env} in the environment: remove the "
                          f"variable or make them agree")
-    os.environ[WIRE_ENV] = wire
+    if existing is not None and _normal(existing) != want:
+        raise ValueError(f"MCCLStrategy(compress={wire!r}): the existing default process group, which this fit "
+                         f"reuses, was made with {WIRE_ENV}={existing} (a group keeps what it read when it was "
+                         f"made); call torch.distributed.destroy_process_group() before this fit, or use the same "
+                         f"compress")
+    return {WIRE_ENV: wire}
 
 
 def _normal(value: str) -> str:

@@ -134,7 +134,8 @@ class MCCLStrategy(DDPStrategy):
             else (0, "no", None) is a ValueError.
         options: the process group's settings (`lightning_mccl.Options(spin_us=0)` or a dict of MCCL_*
             variables), given to `init_process_group` as `pg_options`; they override the environment for this
-            group (docs/settings.md). The wire type is `compress`'s, not an option.
+            group (docs/settings.md). The wire type is `compress`'s, not an option: the strategy adds it to the
+            same pg_options and never sets the environment variable.
     """
 
     strategy_name = "mccl"
@@ -220,12 +221,15 @@ class MCCLStrategy(DDPStrategy):
         self._process_group_backend = BACKEND
         assert self.cluster_environment is not None
         self._choose_compression()
-        _compress.set_engine_wire(self._compress_plan.wire)  # read by the engine when the group starts
         created = not torch.distributed.is_initialized()
+        # The wire type travels in the new group's pg_options (read when the group is made), never in the
+        # environment; a group Lightning reuses must already have it.
+        existing = None if created else _backend.wire_dtype_of()
+        settings = {**self.options.settings, **_compress.wire_settings(self._compress_plan.wire, existing)}
         kwargs = {}
         if created:
             kwargs = {"store": rendezvous_store(self.cluster_environment, self._timeout),
-                      "pg_options": self.options if self.options.settings else None}
+                      "pg_options": Options(settings) if settings else None}
         # No device_id: MCCL needs no device binding, and a bound default group binds every later group too.
         _init_dist_connection(self.cluster_environment, BACKEND, timeout=self._timeout, **kwargs)
         if created:
