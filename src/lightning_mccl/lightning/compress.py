@@ -11,7 +11,8 @@
     "bf16_hook", "fp16_hook"  torch's `bf16_compress_hook` / `fp16_compress_hook` (the bucket cast in Python,
                               all-reduced as a 16-bit tensor); with a ddp_comm_hook, its `*_compress_wrapper`.
     "powersgd"                torch's `powerSGD_hook` with a `PowerSGDState` built from `compress_options`
-                              (defaults below: rank 1, error feedback, warm start, PowerSGD from step 10).
+                              (defaults below: rank 1, error feedback, warm start, PowerSGD from step 10, same-shaped
+                              matrices batched).
 
 A process group reads MCCL_WIRE_DTYPE when it is made (docs/settings.md): the strategy passes it in the
 pg_options of the group it creates (`wire_settings`), never in the environment. A second fit in the same
@@ -27,8 +28,11 @@ from typing import Any, Callable, Dict, Optional
 CHOICES = ("bf16", "fp16", "bf16_hook", "fp16_hook", "powersgd")
 WIRE = ("bf16", "fp16")
 WIRE_ENV = "MCCL_WIRE_DTYPE"
+# batch_tensors_with_same_shape: one matrix product and orthogonalisation per shape (ViT-B/16: 4 shapes for its
+# 48 block matrices), measured faster on the fleet stand-in (docs/performance.md, *DDP settings for fleets*).
 POWERSGD_DEFAULTS: Dict[str, Any] = {"matrix_approximation_rank": 1, "start_powerSGD_iter": 10,
-                                     "use_error_feedback": True, "warm_start": True}
+                                     "use_error_feedback": True, "warm_start": True,
+                                     "batch_tensors_with_same_shape": True}
 
 
 @dataclass
