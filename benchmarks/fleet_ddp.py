@@ -170,6 +170,8 @@ def add_wire_time(rows: list, link_gbps) -> list:
         n, grad = r["world"], r["grad_bytes"]
         r["wire_fp32_s"] = 2 * (n - 1) / n * grad / (link_gbps * 1e9) if link_gbps else ""
         r["wire_16bit_s"] = r["wire_fp32_s"] / 2 if link_gbps else ""
+        if "tl_ring_bytes" in r:  # what the timeline's collectives needed on the wire
+            r["tl_ring_s"] = r["tl_ring_bytes"] / (link_gbps * 1e9) if link_gbps else ""
     return rows
 
 

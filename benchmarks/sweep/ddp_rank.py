@@ -6,6 +6,7 @@ import json
 import os
 import time
 
+from . import ddp_timeline
 from .ddp_series import COMPUTE, DDPSeries
 from .rank import init_groups, say, summarize
 from .series import Series
@@ -84,22 +85,33 @@ def worker(spec_path: str) -> int:
 
     total = spec["warmup"] + spec["steps"]
     times = torch.zeros(spec["steps"], len(labels), dtype=torch.float64)
+    # mccl series: each timed step's parts from the engine's timeline (ddp_timeline.py), summed over the ranks
+    parts = torch.zeros(spec["steps"], len(labels), len(ddp_timeline.PARTS), dtype=torch.float64)
+    timed = {k for k, s in enumerate(series) if s.backend == "mccl"}
+    if timed:
+        import lightning_mccl  # its clock_ns() and timeline(): the engine's clock and collective times
     for i in range(total):
         x, y = batch(i)
         for j in range(len(labels)):
             k = (i + j) % len(labels)
             sync()
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, t0_ns = time.perf_counter(), lightning_mccl.clock_ns() if k in timed else 0
             opts[labels[k]].zero_grad(set_to_none=True)
             F.cross_entropy(models[labels[k]](x), y).backward()
             opts[labels[k]].step()
             sync()
+            t1_ns = lightning_mccl.clock_ns() if k in timed else 0
             if i >= spec["warmup"]:
                 times[i - spec["warmup"], k] = time.perf_counter() - t0
+                if k in timed:
+                    step = ddp_timeline.breakdown(lightning_mccl.timeline(groups["mccl"]), t0_ns, t1_ns, world)
+                    parts[i - spec["warmup"], k] = torch.tensor([step[p] for p in ddp_timeline.PARTS])
         if i == spec["warmup"] - 1 or i == total - 1:
             say(f"{world} ranks, batch {spec['batch']}: step {i + 1}/{total}")
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    dist.all_reduce(parts)
+    parts /= world
 
     rows = []
     compute = summarize(times[:, labels.index(COMPUTE)].tolist())["time_median_s"] if COMPUTE in labels else None
@@ -109,6 +121,8 @@ def worker(spec_path: str) -> int:
                "ddp_options": " ".join(f"{a}={b}" for a, b in s.ddp.items()),
                "env": " ".join(f"{a}={b}" for a, b in s.extra_env), "params": params,
                "grad_bytes": grad_bytes, **summarize(times[:, k].tolist()), "compute_median_s": compute}
+        if k in timed:
+            row.update(ddp_timeline.summarize([dict(zip(ddp_timeline.PARTS, p.tolist())) for p in parts[:, k]]))
         if rank == 0 and s.backend != "none":
             row.update(_compare(s, _flat(models[s.label].module), start, spec))
         rows.append(row)

@@ -29,6 +29,30 @@ def table(rows: list, baseline: str) -> report.Table:
     return cols, cells
 
 
+def timeline_table(rows: list) -> report.Table:
+    """The mccl series' steps split by the engine's timeline (ddp_timeline.py)."""
+    cols = ["ranks", "batch", "series", "step ms", "collectives", "before first", "held", "staging", "run",
+            "starved", "after last", "ring ms at the link", "run / ring"]
+    cells = []
+    for r in rows:
+        if "tl_run" not in r:
+            continue
+        ring = r.get("tl_ring_s", "")
+        cells.append([str(r["world"]), str(r["batch_per_rank"]), r["series"], _ms(r["time_median_s"]),
+                      f"{r['tl_collectives']:.0f}"] +
+                     [_ms(r[f"tl_{p}"]) for p in ("before_first", "held", "staging", "run", "starved", "after_last")] +
+                     [_ms(ring), f"{r['tl_run'] / ring:.2f}" if ring else ""])
+    return cols, cells
+
+
+TIMELINE_NOTES = [
+    "From the engine's timeline (lightning_mccl.timeline()), each part the median over the timed steps of the "
+    "mean over the ranks, in ms: before first = step start to the first collective's issue (forward, backward up "
+    "to the first bucket); held = issued (or the previous one done) to started (the completion order waits for "
+    "the previous future's callbacks); staging = started to ready (device-to-host copies); run = ready to done "
+    "(slower ranks included); starved = no collective issued yet; after last = the last collective done to the "
+    "step's end. ring ms = 2(n-1)/n x the bytes run / link TCP goodput."]
+
 NOTES = [
     "step: barrier, then zero_grad + forward + backward (DDP's allreduce overlapping it) + SGD step + device "
     "synchronize; the slowest rank's time; median (min, max) over the timed steps. samples/s = ranks x batch / "
@@ -44,8 +68,11 @@ def write_outputs(out: str, rows: list, header: dict, baseline: str, log, quiet:
     model = next((r["model"] for r in rows if "model" in r), "")
     title = f"DDP training step on a fleet stand-in, {model}"
     report.write_csv(os.path.join(out, "results.csv"), rows)
+    timeline = timeline_table(rows)
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(report.markdown(title, header, (cols, cells), NOTES))
+        if timeline[1]:
+            f.write("\n#" + report.markdown("Where the mccl steps go", {}, timeline, TIMELINE_NOTES))
     ok = [r for r in rows if "error" not in r]
     configs = list(dict.fromkeys((r["world"], r["batch_per_rank"]) for r in ok))
     ticks = (list(range(len(configs))), [f"{n} x b{b}" for n, b in configs])
@@ -65,4 +92,6 @@ def write_outputs(out: str, rows: list, header: dict, baseline: str, log, quiet:
     if why:
         log(why)
     report.print_table(f"{title} ({header['where']})", (cols, cells), NOTES)
+    if timeline[1]:
+        report.print_table("Where the mccl steps go", timeline, TIMELINE_NOTES)
     log(f"wrote {out}/results.csv, results.md{'' if why else ', results.png'}")
