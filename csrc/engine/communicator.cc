@@ -21,7 +21,7 @@ Communicator::StartAfter::~StartAfter() { t_start_after = std::move(previous_); 
 
 Communicator::Communicator(Store& store, int rank, int size, std::chrono::milliseconds timeout,
                            const std::string& route_to, const Config& config)
-    : config_(config), rank_(rank), size_(size), timeout_ms_(timeout.count()) {
+    : config_(config), rank_(rank), size_(size), timeout_ms_(timeout.count()), timeline_(config_.timeline_entries) {
   MCCL_CHECK_ARG(size >= 1 && rank >= 0 && rank < size, "rank ", rank, " is not in a world of size ", size);
   std::string host = choose_listen_host(config_.socket_ifname, route_to);
   Mesh mesh = connect_mesh(store, rank, size, host, Clock::now() + timeout, config_);
@@ -301,12 +301,16 @@ void Communicator::drain_commands_after_failure() {
 
 void Communicator::run_op(PendingCollective& op) {
   const auto started = Clock::now();
+  auto ready = started;
   std::exception_ptr error = transport_->fatal_error();
   if (!error) {
     transport_->set_context(op.identity);
     if (log_enabled(LogLevel::kTrace)) log(LogLevel::kTrace, "rank ", rank_, " starts ", describe(op.identity));
     try {
-      if (op.ready) op.ready();
+      if (op.ready) {
+        op.ready();
+        ready = Clock::now();
+      }
       Collective c(*transport_, config_, reduce_threads_, scratch_, &wire_buffers_, op.identity,
                    Clock::now() + timeout());
       op.body(c);
@@ -322,7 +326,9 @@ void Communicator::run_op(PendingCollective& op) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!error_) error_ = transport_->fatal_error();
   }
-  stats_.collective_done(op.identity.kind, op.issued, started, Clock::now());
+  const auto done = Clock::now();
+  stats_.collective_done(op.identity.kind, op.issued, started, done);
+  timeline_.record(op.identity, op.issued, started, ready, done);
   op.work->finish(error);
 }
 

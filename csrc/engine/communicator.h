@@ -31,6 +31,7 @@
 #include "issue_order.h"
 #include "stats.h"
 #include "store.h"
+#include "timeline.h"
 #include "transport/transport.h"
 #include "work.h"
 
@@ -95,6 +96,8 @@ class Communicator {
   uint64_t collectives_issued() const;
   // The traffic counters (stats.h): cheap to read from any thread.
   CommStats::Snapshot stats() const { return stats_.snapshot(); }
+  // The latest collectives' times (timeline.h), oldest first: a copy, from any thread.
+  std::vector<TimelineEntry> timeline() const { return timeline_.snapshot(); }
 
  private:
 
@@ -122,6 +125,7 @@ class Communicator {
   std::atomic<int64_t> timeout_ms_;  // timeout(): set_timeout() may change it while the progress thread reads it
   std::string listen_address_;
   CommStats stats_;  // before transport_, which counts into it
+  Timeline timeline_;  // MCCL_TIMELINE_ENTRIES of config_
   std::unique_ptr<Transport> transport_;
   size_t reduce_threads_ = 1;  // MCCL_REDUCE_THREADS as resolved for this host
   std::vector<char> scratch_[2];

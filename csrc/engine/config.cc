@@ -21,8 +21,9 @@ const char* const kVariables[] = {
     "MCCL_BROADCAST_TREE_MAX_BYTES", "MCCL_REDUCE_ALGO", "MCCL_REDUCE_TREE_MAX_BYTES", "MCCL_ALLGATHER_ALGO",
     "MCCL_ALLGATHER_BRUCK_MAX_BYTES", "MCCL_REDUCE_SCATTER_ALGO", "MCCL_REDUCE_SCATTER_RD_MAX_BYTES",
     "MCCL_CHUNK_BYTES", "MCCL_NSOCKS", "MCCL_RING_LOOKAHEAD_BYTES", "MCCL_SOCKET_BUFFER_BYTES",
-    "MCCL_MAX_MESSAGE_BYTES", "MCCL_WIRE_DTYPE", "MCCL_SPIN_US", "MCCL_SEND_THREAD_BYTES", "MCCL_REDUCE_THREADS",
-    "MCCL_DEBUG", "MCCL_AUTH_SECRET", "MCCL_AUTH_SECRET_FILE", "MCCL_HEARTBEAT_INTERVAL", "MCCL_HEARTBEAT_TIMEOUT",
+    "MCCL_MAX_MESSAGE_BYTES", "MCCL_WIRE_DTYPE", "MCCL_SPIN_US", "MCCL_TIMELINE_ENTRIES", "MCCL_SEND_THREAD_BYTES",
+    "MCCL_REDUCE_THREADS", "MCCL_DEBUG", "MCCL_AUTH_SECRET", "MCCL_AUTH_SECRET_FILE", "MCCL_HEARTBEAT_INTERVAL",
+    "MCCL_HEARTBEAT_TIMEOUT",
 };
 
 // Where values come from: the group's settings first, then the environment. Empty means unset.
@@ -193,6 +194,7 @@ Config Config::from_env(const Settings& given) {
   c.max_message_bytes = in.bytes("MCCL_MAX_MESSAGE_BYTES", c.max_message_bytes, 1024);
   c.wire_dtype = in.choice("MCCL_WIRE_DTYPE", c.wire_dtype, kWireTypes, "off, bf16, fp16");
   c.spin_us = static_cast<uint32_t>(in.count("MCCL_SPIN_US", c.spin_us, 0, 10'000'000));
+  c.timeline_entries = static_cast<size_t>(in.count("MCCL_TIMELINE_ENTRIES", c.timeline_entries, 0, 1'000'000));
   if (const char* v = in.get("MCCL_SEND_THREAD_BYTES"); v && std::string(v) != "auto") {
     c.send_thread_bytes = in.bytes("MCCL_SEND_THREAD_BYTES", c.send_thread_bytes, 0);
     c.send_thread_auto = false;

@@ -76,6 +76,9 @@ struct Config {
   // sleeps: the progress thread waiting for a peer's frame or for the next collective, and a caller
   // waiting on a collective. Saves thread wake-ups on every small collective; 0: always sleep.
   uint32_t spin_us = 50;
+  // MCCL_TIMELINE_ENTRIES: how many of the latest collectives the communicator's timeline (timeline.h)
+  // keeps, with their issue, start, ready and completion times; 0 records none.
+  size_t timeline_entries = 2048;
   // MCCL_SEND_THREAD_BYTES: frames with at least this many payload bytes are written by their lane's sender
   // thread (one per lane index, shared by the peers), so sending overlaps receiving and reducing on the progress thread; 0: one thread
   // does all socket I/O. Unset (or "auto"): 512 KiB when this host has at least 4 CPUs per rank on it

@@ -1,22 +1,17 @@
 #include "stats.h"
 
+#include "timeline.h"
 #include "wire.h"
 
 namespace mccl {
-
-namespace {
-int64_t since_epoch_ns(CommStats::Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-}
-}  // namespace
 
 void CommStats::collective_done(uint8_t kind, Clock::time_point issued, Clock::time_point started,
                                 Clock::time_point done) {
   Counters& c = of(kind);
   add(c.calls, 1);
   add(c.busy_ns, ns_between(started, done));
-  last_issued_ns_.store(since_epoch_ns(issued), std::memory_order_relaxed);
-  last_done_ns_.store(since_epoch_ns(done), std::memory_order_relaxed);
+  last_issued_ns_.store(steady_ns(issued), std::memory_order_relaxed);
+  last_done_ns_.store(steady_ns(done), std::memory_order_relaxed);
 }
 
 CommStats::Snapshot CommStats::snapshot() const {

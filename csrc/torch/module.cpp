@@ -51,6 +51,24 @@ pybind11::dict stats_dict(const lightning_mccl::ProcessGroupMCCL& pg) {
   return out;
 }
 
+// ProcessGroupMCCL.timeline(): [{"seq", "kind", "bytes", "issued_ns", "started_ns", "ready_ns", "done_ns"}, ...],
+// oldest first; the times are the engine's steady clock (_C.clock_ns()).
+pybind11::list timeline_list(const lightning_mccl::ProcessGroupMCCL& pg) {
+  pybind11::list out;
+  for (const mccl::TimelineEntry& e : pg.timeline()) {
+    pybind11::dict row;
+    row["seq"] = e.seq;
+    row["kind"] = mccl::collective_name(static_cast<mccl::CollectiveKind>(e.kind));
+    row["bytes"] = e.bytes;
+    row["issued_ns"] = e.issued;
+    row["started_ns"] = e.started;
+    row["ready_ns"] = e.ready;
+    row["done_ns"] = e.done;
+    out.append(row);
+  }
+  return out;
+}
+
 // dst = dst OP src on contiguous CPU tensors with the engine's CPU reducer: the reference the Metal
 // self-test and benchmarks/metal_reduce.py compare against (lightning_mccl/metal).
 void reduce_into(at::Tensor& dst, const at::Tensor& src, const std::string& op) {
@@ -97,7 +115,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("route_to") = "", pybind11::arg("settings") = mccl::Settings{},
            pybind11::call_guard<pybind11::gil_scoped_release>())
       .def_property_readonly("listen_address", &lightning_mccl::ProcessGroupMCCL::listenAddress)
-      .def("stats", &stats_dict, "this group's traffic counters (engine stats.h), as a dict");
+      .def("stats", &stats_dict, "this group's traffic counters (engine stats.h), as a dict")
+      .def("timeline", &timeline_list,
+           "this group's latest collectives with their issue, start, ready and done times (engine timeline.h), "
+           "oldest first, as a list of dicts");
+  m.def("clock_ns", &mccl::steady_now_ns, "now in the engine's steady clock, the clock of timeline() and stats()");
   m.def("interfaces", &mccl::list_interfaces,
         "(interface name, address) pairs of this machine, from getifaddrs()");
   m.def("reduce_into", &reduce_into, pybind11::arg("dst"), pybind11::arg("src"), pybind11::arg("op"),

@@ -42,6 +42,7 @@ class ProcessGroupMCCL : public c10d::Backend {
   void shutdown() override;
   const std::string& listenAddress() const { return comm_->listen_address(); }
   mccl::CommStats::Snapshot stats() const { return comm_->stats(); }
+  std::vector<mccl::TimelineEntry> timeline() const { return comm_->timeline(); }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;

@@ -1,7 +1,9 @@
 """`lightning_mccl.stats(group)`: the engine's counters against traffic whose size is known exactly — the
 ring's 2(n-1)/n of the buffer per rank, recursive doubling's fold/exchange/unfold on 3 ranks, a broadcast,
 a send/recv pair, and the halved bytes of MCCL_WIRE_DTYPE=bf16 — plus the wait time of a caller blocked on
-a late peer, and the clear error without an mccl group."""
+a late peer, and the clear error without an mccl group. `lightning_mccl.timeline(group)` on the same run:
+the two allreduces and the broadcast inside the caller's clock_ns() window, with their kinds, bytes and
+times in order, and nothing recorded by a group made with Options(timeline_entries=0)."""
 from __future__ import annotations
 
 import pytest
@@ -19,7 +21,8 @@ def _known_traffic(rank, world):
     import torch
     import torch.distributed as dist
 
-    from lightning_mccl import stats
+    import lightning_mccl
+    from lightning_mccl import clock_ns, stats, timeline
     from lightning_mccl.stats import FIELDS
 
     zero = dict.fromkeys(FIELDS, 0)
@@ -29,6 +32,7 @@ def _known_traffic(rank, world):
         return {k: after[k] - base[k] for k in FIELDS}
 
     out = {}
+    window_start = clock_ns()
     before = stats()["kinds"]
     dist.all_reduce(torch.ones(RING_COUNT))
     out["ring"] = delta(before, "allreduce")
@@ -38,6 +42,7 @@ def _known_traffic(rank, world):
     before = stats()["kinds"]
     dist.broadcast(torch.ones(SMALL_COUNT), src=0)
     out["broadcast"] = delta(before, "broadcast")
+    out["window"] = (window_start, clock_ns())
     before = stats()["kinds"]
     if rank == 0:
         dist.send(torch.ones(SMALL_COUNT), dst=1)
@@ -52,13 +57,23 @@ def _known_traffic(rank, world):
     out["late"] = delta(before, "allreduce")
     snap = stats()
     out["last"] = (snap["last_issued_ns"], snap["last_done_ns"])
+    out["timeline"] = timeline()
+    unrecorded = dist.new_group(backend="mccl", pg_options=lightning_mccl.Options(timeline_entries=0))
+    dist.all_reduce(torch.ones(SMALL_COUNT), group=unrecorded)
+    out["unrecorded"] = timeline(unrecorded)
     return out
 
 
-def test_counters_match_the_algorithms_true_byte_counts():
-    # 3 ranks: the ring's segments and recursive doubling's fold both show (2 ranks run in test_comm_metrics.py)
-    world = 3
-    results = run_ranks(_known_traffic, world, timeout=120)
+WORLD = 3  # the ring's segments and recursive doubling's fold both show (2 ranks run in test_comm_metrics.py)
+
+
+@pytest.fixture(scope="module")
+def known_traffic():
+    return run_ranks(_known_traffic, WORLD, timeout=120)
+
+
+def test_counters_match_the_algorithms_true_byte_counts(known_traffic):
+    world, results = WORLD, known_traffic
     ring_bytes = RING_COUNT * 4
     small = SMALL_COUNT * 4
     for rank, out in enumerate(results):
@@ -86,6 +101,29 @@ def test_counters_match_the_algorithms_true_byte_counts():
         assert out["late"]["wait_ns"] < 0.5 * LATE_S * 1e9, out["late"]
 
 
+def test_timeline_lists_the_collectives_in_the_callers_window(known_traffic):
+    first_seqs = set()
+    for rank, out in enumerate(known_traffic):
+        start, end = out["window"]
+        entries = [e for e in out["timeline"] if start <= e["issued_ns"] <= end]
+        assert [(e["kind"], e["bytes"]) for e in entries] == [
+            ("allreduce", RING_COUNT * 4), ("allreduce", SMALL_COUNT * 4), ("broadcast", SMALL_COUNT * 4)], rank
+        seqs = [e["seq"] for e in entries]
+        assert seqs == list(range(seqs[0], seqs[0] + 3)), (rank, seqs)
+        first_seqs.add(seqs[0])
+        for e in entries:
+            assert set(e) == {"seq", "kind", "bytes", "issued_ns", "started_ns", "ready_ns", "done_ns"}
+            # CPU tensors: nothing to copy before the start, so ready == started
+            assert start <= e["issued_ns"] <= e["started_ns"] == e["ready_ns"] <= e["done_ns"] <= end, (rank, e)
+        for prev, nxt in zip(entries, entries[1:]):
+            assert prev["done_ns"] <= nxt["started_ns"]
+        times = [e["issued_ns"] for e in out["timeline"]]
+        assert times == sorted(times), "the timeline is oldest first"
+        assert out["timeline"][-1]["kind"] == "allreduce"  # the late one, after the window
+        assert out["unrecorded"] == []
+    assert len(first_seqs) == 1, "one collective has one seq on every rank"
+
+
 def _compressed_ring(rank, world):
     import torch
     import torch.distributed as dist
@@ -105,16 +143,20 @@ def test_counters_count_wire_bytes_after_compression():
         assert out["bytes_sent"] == out["bytes_received"] == ring_share * 2 + ring_share * 8
 
 
-def test_stats_without_an_mccl_group_is_a_value_error_naming_why():
+def test_stats_and_timeline_without_an_mccl_group_are_value_errors_naming_why():
     import torch.distributed as dist
 
-    from lightning_mccl import stats
+    from lightning_mccl import clock_ns, stats, timeline
 
-    with pytest.raises(ValueError, match="torch.distributed is not initialised"):
-        stats()
+    for call in (stats, timeline):
+        with pytest.raises(ValueError, match="torch.distributed is not initialised"):
+            call()
+    before = clock_ns()
+    assert 0 < before <= clock_ns()  # needs no group
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        with pytest.raises(ValueError, match="not an mccl group"):
-            stats()
+        for call, name in ((stats, "stats"), (timeline, "timeline")):
+            with pytest.raises(ValueError, match=f"lightning_mccl.{name}: no mccl backend .*not an mccl group"):
+                call()
     finally:
         dist.destroy_process_group()
