@@ -63,6 +63,11 @@ def worker(spec_path: str) -> int:
     with open(spec_path) as f:
         spec = json.load(f)
     series = [DDPSeries.from_json(s) for s in spec["series"]]
+    timed = {k for k, s in enumerate(series) if s.backend == "mccl"}
+    # Read once, after the last step: reading it between steps (thousands of dicts each time) slowed every
+    # series' steps, Gloo's too. So it holds every collective of the run (fewer than 1000 per step).
+    entries_needed = 1000 * (spec["warmup"] + spec["steps"]) * max(1, len(timed))
+    os.environ.setdefault("MCCL_TIMELINE_ENTRIES", str(entries_needed))
     backends = sorted({s.backend for s in series if s.backend != "none"})
     groups = init_groups([Series(b, b) for b in backends], spec["pg_timeout"])
     torch.set_num_threads(spec["threads"])
@@ -85,9 +90,7 @@ def worker(spec_path: str) -> int:
 
     total = spec["warmup"] + spec["steps"]
     times = torch.zeros(spec["steps"], len(labels), dtype=torch.float64)
-    # mccl series: each timed step's parts from the engine's timeline (ddp_timeline.py), summed over the ranks
-    parts = torch.zeros(spec["steps"], len(labels), len(ddp_timeline.PARTS), dtype=torch.float64)
-    timed = {k for k, s in enumerate(series) if s.backend == "mccl"}
+    windows = {k: [] for k in timed}  # mccl series: each timed step's [t0, t1] in the engine's clock
     if timed:
         import lightning_mccl  # its clock_ns() and timeline(): the engine's clock and collective times
     for i in range(total):
@@ -105,11 +108,17 @@ def worker(spec_path: str) -> int:
             if i >= spec["warmup"]:
                 times[i - spec["warmup"], k] = time.perf_counter() - t0
                 if k in timed:
-                    step = ddp_timeline.breakdown(lightning_mccl.timeline(groups["mccl"]), t0_ns, t1_ns, world)
-                    parts[i - spec["warmup"], k] = torch.tensor([step[p] for p in ddp_timeline.PARTS])
+                    windows[k].append((t0_ns, t1_ns))
         if i == spec["warmup"] - 1 or i == total - 1:
             say(f"{world} ranks, batch {spec['batch']}: step {i + 1}/{total}")
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    # each timed step's parts (ddp_timeline.py), the mean over the ranks
+    parts = torch.zeros(spec["steps"], len(labels), len(ddp_timeline.PARTS), dtype=torch.float64)
+    entries = lightning_mccl.timeline(groups["mccl"]) if timed else []
+    for k, steps in windows.items():
+        for i, (t0_ns, t1_ns) in enumerate(steps):
+            step = ddp_timeline.breakdown(entries, t0_ns, t1_ns, world)
+            parts[i, k] = torch.tensor([step[p] for p in ddp_timeline.PARTS])
     dist.all_reduce(parts)
     parts /= world
 
