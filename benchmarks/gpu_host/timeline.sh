@@ -5,13 +5,13 @@
 # mccl step (benchmarks/sweep/ddp_timeline.py). Then PowerSGD as MCCLStrategy(compress="powersgd") runs it
 # (rank 1, same-shaped matrices batched, one bucket) at batch 32. One device call of about 5 minutes, after
 # benchmarks/gpu_host/prepare.sh here, with ".devtools" carried:
-#   bash benchmarks/gpu_host/timeline.sh     (SERIES=... for other series at both batches; SKIP_POWERSGD=1)
+#   bash benchmarks/gpu_host/timeline.sh     (SERIES=... for other series at both batches; STEPS=N timed steps; SKIP_POWERSGD=1)
 BUDGET=${BUDGET:-420}; . benchmarks/gpu_host/common.sh
-F="python3 benchmarks/fleet_ddp.py --device cuda --rate 10gbit --steps 10 --warmup 2 --hosts 8"
+F="python3 benchmarks/fleet_ddp.py --device cuda --rate 10gbit --steps ${STEPS:-10} --warmup 2 --hosts 8"
 S=${SERIES:-compute,mccl:bucket=5:label=mccl-bucket5,gloo,mccl}
-timeout $(L 130) $F --batch 8 --timeout 125 --out "$R/ddp8_timeline" \
+timeout $(L 130) $F --batch 8 --timeout $(($(L 130) - 5)) --out "$R/ddp8_timeline" \
   --series $S,mccl+bf16_hook:bucket=5:label=bf16_hook-bucket5
-timeout $(L 150) $F --batch 32 --timeout 145 --out "$R/ddp32_timeline" --series $S
-[ -n "${SKIP_POWERSGD:-}" ] || timeout $(L 80) $F --batch 32 --steps 6 --powersgd-rank 1 --timeout 75 --out "$R/psgd32_b1000_batched_r1" \
-  --series compute,mccl+powersgd_batched:bucket=1000:label=powersgd_batched-r1-b1000
+timeout $(L 150) $F --batch 32 --timeout $(($(L 150) - 5)) --out "$R/ddp32_timeline" --series $S
+[ -n "${SKIP_POWERSGD:-}" ] || timeout $(L 80) $F --batch 32 --steps 6 --powersgd-rank 1 --timeout 75 \
+  --out "$R/psgd32_b1000_batched_r1" --series compute,mccl+powersgd_batched:bucket=1000:label=powersgd_batched-r1-b1000
 tar czf "$OUT/results.tgz" -C "$R" .

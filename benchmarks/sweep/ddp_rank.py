@@ -8,7 +8,7 @@ import time
 
 from . import ddp_timeline
 from .ddp_series import COMPUTE, DDPSeries
-from .rank import init_groups, say, summarize
+from .rank import dist_max_reduce, init_groups, say, summarize
 from .series import Series
 
 EXACT_TOL, COMPRESSED_TOL = 1e-3, 5e-2
@@ -115,9 +115,10 @@ def worker(spec_path: str) -> int:
     # each timed step's parts (ddp_timeline.py), the mean over the ranks
     parts = torch.zeros(spec["steps"], len(labels), len(ddp_timeline.PARTS), dtype=torch.float64)
     entries = lightning_mccl.timeline(groups["mccl"]) if timed else []
+    latest = ddp_timeline.latest_ready(entries, dist_max_reduce) if timed else []
     for k, steps in windows.items():
         for i, (t0_ns, t1_ns) in enumerate(steps):
-            step = ddp_timeline.breakdown(entries, t0_ns, t1_ns, world)
+            step = ddp_timeline.breakdown(entries, t0_ns, t1_ns, world, latest)
             parts[i, k] = torch.tensor([step[p] for p in ddp_timeline.PARTS])
     dist.all_reduce(parts)
     parts /= world

@@ -31,17 +31,18 @@ def table(rows: list, baseline: str) -> report.Table:
 
 def timeline_table(rows: list) -> report.Table:
     """The mccl series' steps split by the engine's timeline (ddp_timeline.py)."""
-    cols = ["ranks", "batch", "series", "step ms", "collectives", "before first", "held", "staging", "run",
-            "starved", "after last", "ring ms at the link", "run / ring"]
+    cols = ["ranks", "batch", "series", "step ms", "collectives", "before first", "held", "staging", "peers",
+            "engine", "starved", "after last", "ring ms at the link", "(peers + engine) / ring"]
     cells = []
     for r in rows:
-        if "tl_run" not in r:
+        if "tl_engine" not in r:
             continue
         ring = r.get("tl_ring_s", "")
         cells.append([str(r["world"]), str(r["batch_per_rank"]), r["series"], _ms(r["time_median_s"]),
                       f"{r['tl_collectives']:.0f}"] +
-                     [_ms(r[f"tl_{p}"]) for p in ("before_first", "held", "staging", "run", "starved", "after_last")] +
-                     [_ms(ring), f"{r['tl_run'] / ring:.2f}" if ring else ""])
+                     [_ms(r[f"tl_{p}"]) for p in ("before_first", "held", "staging", "peers", "engine", "starved",
+                                                  "after_last")] +
+                     [_ms(ring), f"{(r['tl_peers'] + r['tl_engine']) / ring:.2f}" if ring else ""])
     return cols, cells
 
 
@@ -49,9 +50,10 @@ TIMELINE_NOTES = [
     "From the engine's timeline (lightning_mccl.timeline()), each part the median over the timed steps of the "
     "mean over the ranks, in ms: before first = step start to the first collective's issue (forward, backward up "
     "to the first bucket); held = issued (or the previous one done) to started (the completion order waits for "
-    "the previous future's callbacks); staging = started to ready (device-to-host copies); run = ready to done "
-    "(slower ranks included); starved = no collective issued yet; after last = the last collective done to the "
-    "step's end. ring ms = 2(n-1)/n x the bytes run / link TCP goodput."]
+    "the previous future's callbacks); staging = started to ready (device-to-host copies); peers = ready to the "
+    "last rank's ready (waiting for a peer's bucket; the stand-in's ranks share a clock); engine = the rest of "
+    "ready to done; starved = no collective issued yet; after last = the last collective done to the "
+    "step's end. ring ms = 2(n-1)/n x the collectives' bytes / link TCP goodput."]
 
 NOTES = [
     "step: barrier, then zero_grad + forward + backward (DDP's allreduce overlapping it) + SGD step + device "

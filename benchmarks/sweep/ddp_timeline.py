@@ -7,23 +7,41 @@ For one rank's step [t0, t1] and the collectives issued in it, in order, the ste
     held          issued (or the one before done, if later) to started: the engine had it and had not started
                   it (the completion order holds it until the previous future's callbacks have returned)
     staging       started to ready: waiting for the device-to-host copy of its buffers
-    run           ready to done: the collective itself, waiting for slower ranks included
+    peers         ready to the moment the last rank was ready for it (the ranks of the stand-in share one
+                  machine's clock): waiting for a peer still producing or staging its bucket
+    engine        the rest of ready to done: the collective running once every rank had it
     starved       the one before done to this one's issue: nothing to run (the next bucket was not produced yet)
     after last    the last one done to t1: results back to the device, the optimizer step, synchronize
 
 The parts add up to the step. `ring_bytes` is what the ring puts on each link for the bytes run (2(n-1)/n x
-bytes), so ring_bytes / goodput is the run time the link allows.
+bytes), so ring_bytes / goodput is the time the link allows for peers + engine.
 """
 from __future__ import annotations
 
 import statistics
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence
 
-PARTS = ("collectives", "before_first", "held", "staging", "run", "starved", "after_last", "ring_bytes")
+PARTS = ("collectives", "before_first", "held", "staging", "peers", "engine", "starved", "after_last",
+         "ring_bytes")
 
 
-def breakdown(entries: Sequence[dict], t0_ns: int, t1_ns: int, world: int) -> Dict[str, float]:
-    """The parts (seconds; `collectives` a count, `ring_bytes` bytes) of the step [t0_ns, t1_ns]."""
+def latest_ready(entries: Sequence[dict], max_reduce: Callable) -> List[int]:
+    """By seq: the latest ready_ns over the ranks (max_reduce: an in-place MAX over them). Every rank holds
+    the same collectives, seq 0 first (the timeline was sized to keep all of them)."""
+    import torch
+
+    n = torch.tensor([max((e["seq"] for e in entries), default=-1) + 1])
+    max_reduce(n)
+    ready = torch.zeros(int(n), dtype=torch.int64)
+    for e in entries:
+        ready[e["seq"]] = e["ready_ns"]
+    max_reduce(ready)
+    return ready.tolist()
+
+
+def breakdown(entries: Sequence[dict], t0_ns: int, t1_ns: int, world: int, latest: Sequence[int]) -> Dict[str, float]:
+    """The parts (seconds; `collectives` a count, `ring_bytes` bytes) of the step [t0_ns, t1_ns]; `latest`
+    from latest_ready()."""
     ops = sorted((e for e in entries if t0_ns <= e["issued_ns"] <= t1_ns), key=lambda e: e["started_ns"])
     parts = dict.fromkeys(PARTS, 0.0)
     parts["collectives"] = float(len(ops))
@@ -36,7 +54,10 @@ def breakdown(entries: Sequence[dict], t0_ns: int, t1_ns: int, world: int) -> Di
         parts["starved"] += max(0, e["issued_ns"] - previous_done) / 1e9
         parts["held"] += max(0, e["started_ns"] - max(e["issued_ns"], previous_done)) / 1e9
         parts["staging"] += (e["ready_ns"] - e["started_ns"]) / 1e9
-        parts["run"] += (e["done_ns"] - e["ready_ns"]) / 1e9
+        run = e["done_ns"] - e["ready_ns"]
+        peers = min(run, max(0, latest[e["seq"]] - e["ready_ns"]))
+        parts["peers"] += peers / 1e9
+        parts["engine"] += (run - peers) / 1e9
         parts["ring_bytes"] += 2 * (world - 1) / world * e["bytes"]
         previous_done = e["done_ns"]
     parts["after_last"] = max(0, t1_ns - previous_done) / 1e9
