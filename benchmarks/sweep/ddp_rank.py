@@ -8,7 +8,7 @@ import time
 
 from . import ddp_timeline
 from .ddp_series import COMPUTE, DDPSeries
-from .rank import dist_max_reduce, init_groups, say, summarize
+from .rank import dist_max_reduce, dist_min_reduce, init_groups, say, summarize
 from .series import Series
 
 EXACT_TOL, COMPRESSED_TOL = 1e-3, 5e-2
@@ -65,9 +65,10 @@ def worker(spec_path: str) -> int:
     series = [DDPSeries.from_json(s) for s in spec["series"]]
     timed = {k for k, s in enumerate(series) if s.backend == "mccl"}
     # Read once, after the last step: reading it between steps (thousands of dicts each time) slowed every
-    # series' steps, Gloo's too. So it holds every collective of the run (fewer than 1000 per step).
+    # series' steps, Gloo's too. So it holds every collective of the run (fewer than 1000 per step; the engine
+    # takes at most a million, and latest_ready() fails if that is too few).
     entries_needed = 1000 * (spec["warmup"] + spec["steps"]) * max(1, len(timed))
-    os.environ.setdefault("MCCL_TIMELINE_ENTRIES", str(entries_needed))
+    os.environ.setdefault("MCCL_TIMELINE_ENTRIES", str(min(entries_needed, 1_000_000)))
     backends = sorted({s.backend for s in series if s.backend != "none"})
     groups = init_groups([Series(b, b) for b in backends], spec["pg_timeout"])
     torch.set_num_threads(spec["threads"])
@@ -92,19 +93,23 @@ def worker(spec_path: str) -> int:
     times = torch.zeros(spec["steps"], len(labels), dtype=torch.float64)
     windows = {k: [] for k in timed}  # mccl series: each timed step's [t0, t1] in the engine's clock
     if timed:
-        import lightning_mccl  # its clock_ns() and timeline(): the engine's clock and collective times
+        import lightning_mccl  # clock_ns() and timeline(): the engine's clock and collective times
+
+        clock_ns = lightning_mccl.clock_ns
+    else:
+        clock_ns = lambda: 0  # noqa: E731
     for i in range(total):
         x, y = batch(i)
         for j in range(len(labels)):
             k = (i + j) % len(labels)
             sync()
             dist.barrier()
-            t0, t0_ns = time.perf_counter(), lightning_mccl.clock_ns() if k in timed else 0
+            t0, t0_ns = time.perf_counter(), clock_ns()
             opts[labels[k]].zero_grad(set_to_none=True)
             F.cross_entropy(models[labels[k]](x), y).backward()
             opts[labels[k]].step()
             sync()
-            t1_ns = lightning_mccl.clock_ns() if k in timed else 0
+            t1_ns = clock_ns()
             if i >= spec["warmup"]:
                 times[i - spec["warmup"], k] = time.perf_counter() - t0
                 if k in timed:
@@ -115,11 +120,11 @@ def worker(spec_path: str) -> int:
     # each timed step's parts (ddp_timeline.py), the mean over the ranks
     parts = torch.zeros(spec["steps"], len(labels), len(ddp_timeline.PARTS), dtype=torch.float64)
     entries = lightning_mccl.timeline(groups["mccl"]) if timed else []
-    latest = ddp_timeline.latest_ready(entries, dist_max_reduce) if timed else []
+    latest = ddp_timeline.latest_ready(entries, dist_max_reduce, dist_min_reduce) if timed else []
     for k, steps in windows.items():
         for i, (t0_ns, t1_ns) in enumerate(steps):
             step = ddp_timeline.breakdown(entries, t0_ns, t1_ns, world, latest)
-            parts[i, k] = torch.tensor([step[p] for p in ddp_timeline.PARTS])
+            parts[i, k] = torch.tensor([step[p] for p in ddp_timeline.PARTS], dtype=torch.float64)
     dist.all_reduce(parts)
     parts /= world
 

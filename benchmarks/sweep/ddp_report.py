@@ -74,7 +74,7 @@ def write_outputs(out: str, rows: list, header: dict, baseline: str, log, quiet:
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(report.markdown(title, header, (cols, cells), NOTES))
         if timeline[1]:
-            f.write("\n#" + report.markdown("Where the mccl steps go", {}, timeline, TIMELINE_NOTES))
+            f.write("\n## Where the mccl steps go\n\n" + report.markdown_table(timeline, TIMELINE_NOTES))
     ok = [r for r in rows if "error" not in r]
     configs = list(dict.fromkeys((r["world"], r["batch_per_rank"]) for r in ok))
     ticks = (list(range(len(configs))), [f"{n} x b{b}" for n, b in configs])

@@ -13,8 +13,9 @@ For one rank's step [t0, t1] and the collectives issued in it, in order, the ste
     starved       the one before done to this one's issue: nothing to run (the next bucket was not produced yet)
     after last    the last one done to t1: results back to the device, the optimizer step, synchronize
 
-The parts add up to the step. `ring_bytes` is what the ring puts on each link for the bytes run (2(n-1)/n x
-bytes), so ring_bytes / goodput is the time the link allows for peers + engine.
+The parts add up to the step. `ring_bytes` is what the ring puts on each link for the collectives' payloads on
+the wire (2(n-1)/n x wire_bytes: half the float32 bytes under MCCL_WIRE_DTYPE), so ring_bytes / goodput is the
+time the link allows for peers + engine.
 """
 from __future__ import annotations
 
@@ -25,12 +26,22 @@ PARTS = ("collectives", "before_first", "held", "staging", "peers", "engine", "s
          "ring_bytes")
 
 
-def latest_ready(entries: Sequence[dict], max_reduce: Callable) -> List[int]:
-    """By seq: the latest ready_ns over the ranks (max_reduce: an in-place MAX over them). Every rank holds
-    the same collectives, seq 0 first (the timeline was sized to keep all of them)."""
+class TimelineIncomplete(RuntimeError):
+    """A rank's timeline lost collectives (MCCL_TIMELINE_ENTRIES smaller than the run needs)."""
+
+
+def latest_ready(entries: Sequence[dict], max_reduce: Callable, min_reduce: Callable) -> List[int]:
+    """By seq: the latest ready_ns over the ranks (max_reduce, min_reduce: in-place MAX / MIN over them).
+    TimelineIncomplete on every rank when one rank's timeline does not hold every collective from seq 0 on
+    (decided together, so no rank waits in a reduction the others left)."""
     import torch
 
-    n = torch.tensor([max((e["seq"] for e in entries), default=-1) + 1])
+    complete = torch.tensor([int(all(e["seq"] == i for i, e in enumerate(entries)))])
+    min_reduce(complete)
+    if not complete.item():
+        raise TimelineIncomplete("the mccl timeline of a rank lost collectives: MCCL_TIMELINE_ENTRIES is smaller "
+                                 "than this run needs (unset it: fleet_ddp sizes it)")
+    n = torch.tensor([len(entries)])
     max_reduce(n)
     ready = torch.zeros(int(n), dtype=torch.int64)
     for e in entries:
@@ -58,7 +69,7 @@ def breakdown(entries: Sequence[dict], t0_ns: int, t1_ns: int, world: int, lates
         peers = min(run, max(0, latest[e["seq"]] - e["ready_ns"]))
         parts["peers"] += peers / 1e9
         parts["engine"] += (run - peers) / 1e9
-        parts["ring_bytes"] += 2 * (world - 1) / world * e["bytes"]
+        parts["ring_bytes"] += 2 * (world - 1) / world * e["wire_bytes"]
         previous_done = e["done_ns"]
     parts["after_last"] = max(0, t1_ns - previous_done) / 1e9
     return parts

@@ -41,6 +41,11 @@ def dist_max_reduce(t: torch.Tensor) -> None:
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
 
 
+def dist_min_reduce(t: torch.Tensor) -> None:
+    """In place: the elementwise MIN over all ranks, through the default (control) group."""
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+
+
 # A timing covers back-to-back calls for at least this long (nccl-tests style), so that small collectives
 # are timed as a stream, not as one call racing the barrier's stragglers.
 BATCH_TARGET_S = 0.02

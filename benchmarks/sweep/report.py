@@ -60,10 +60,15 @@ def write_csv(path: str, rows: Sequence[dict]) -> None:
 
 
 def markdown(title: str, header: Dict[str, str], table: Table, notes: Sequence[str] = ()) -> str:
-    cols, rows = table
     lines = [f"# {title}", ""]
     lines += [f"- {k}: `{v}`" if k == "command" else f"- {k}: {v}" for k, v in header.items()]
-    lines += ["", "| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    return "\n".join(lines) + "\n\n" + markdown_table(table, notes)
+
+
+def markdown_table(table: Table, notes: Sequence[str] = ()) -> str:
+    """The table (and its notes) alone, for a further section of a results.md."""
+    cols, rows = table
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     if notes:
         lines += [""] + list(notes)

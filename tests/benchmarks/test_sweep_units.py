@@ -86,3 +86,43 @@ def test_report_files(tmp_path):
     md = report.markdown("T", {"command": "x --y", "where": "here"}, (["a", "b"], [["1", "2"]]), ["note"])
     assert "- command: `x --y`" in md and "| a | b |\n|---|---|\n| 1 | 2 |" in md and md.endswith("note\n")
     assert report.human_size(4096) == "4 KiB" and report.human_size(256 << 20) == "256 MiB"
+
+
+def _entry(seq, issued, started, ready, done, wire_bytes=100):
+    return {"seq": seq, "issued_ns": issued, "started_ns": started, "ready_ns": ready, "done_ns": done,
+            "bytes": 2 * wire_bytes, "wire_bytes": wire_bytes}
+
+
+def test_timeline_breakdown_parts_add_up_to_the_step():
+    from sweep import ddp_timeline
+
+    # seq 0: before the step [100, 450]; 1: held 10 after its issue, staged 5, waits 15 for a peer, then 60;
+    # 2: issued 50 after 1 was done (starved), held 10, 40; 3: issued while 2 ran, starts as 2 ends, staged 10, 90
+    entries = [_entry(0, 50, 60, 60, 70), _entry(1, 110, 120, 125, 200), _entry(2, 250, 260, 260, 300),
+               _entry(3, 280, 300, 310, 400)]
+    latest = [0, 140, 250, 310]  # seq 2: every peer was ready before this rank
+    p = ddp_timeline.breakdown(entries, 100, 450, 4, latest)
+    assert p["collectives"] == 3
+    assert p["before_first"] == pytest.approx(10e-9) and p["after_last"] == pytest.approx(50e-9)
+    assert p["held"] == pytest.approx((10 + 10 + 0) * 1e-9)
+    assert p["staging"] == pytest.approx((5 + 0 + 10) * 1e-9)
+    assert p["peers"] == pytest.approx(15e-9) and p["engine"] == pytest.approx((60 + 40 + 90) * 1e-9)
+    assert p["starved"] == pytest.approx(50e-9)
+    assert p["ring_bytes"] == pytest.approx(3 * 1.5 * 100)  # 2(n-1)/n of the payloads on the wire
+    parts = sum(p[k] for k in ddp_timeline.PARTS if k not in ("collectives", "ring_bytes"))
+    assert parts == pytest.approx(350e-9)
+
+
+def test_timeline_latest_ready_is_the_max_over_ranks_and_a_lost_collective_fails():
+    from sweep import ddp_timeline
+
+    others = torch.tensor([0, 500, 0])  # what the other rank holds, as the reductions would combine it
+
+    def max_reduce(t):
+        if t.numel() == len(others):
+            t.copy_(torch.maximum(t, others))
+
+    entries = [_entry(0, 1, 2, 3, 4), _entry(1, 10, 20, 30, 40), _entry(2, 50, 60, 70, 80)]
+    assert ddp_timeline.latest_ready(entries, max_reduce, lambda t: None) == [3, 500, 70]
+    with pytest.raises(ddp_timeline.TimelineIncomplete, match="MCCL_TIMELINE_ENTRIES is smaller"):
+        ddp_timeline.latest_ready(entries[1:], max_reduce, lambda t: None)  # seq 0 was overwritten
