@@ -308,7 +308,12 @@ void Communicator::run_op(PendingCollective& op) {
     if (log_enabled(LogLevel::kTrace)) log(LogLevel::kTrace, "rank ", rank_, " starts ", describe(op.identity));
     try {
       if (op.ready) {
-        op.ready();
+        try {
+          op.ready();
+        } catch (...) {
+          ready = Clock::now();  // the wait until it threw was staging too
+          throw;
+        }
         ready = Clock::now();
       }
       Collective c(*transport_, config_, reduce_threads_, scratch_, &wire_buffers_, op.identity,

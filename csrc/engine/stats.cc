@@ -1,6 +1,6 @@
 #include "stats.h"
 
-#include "timeline.h"
+#include "clock.h"
 #include "wire.h"
 
 namespace mccl {

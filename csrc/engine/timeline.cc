@@ -4,17 +4,14 @@
 
 namespace mccl {
 
-int64_t steady_ns(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-}
-
-int64_t steady_now_ns() { return steady_ns(std::chrono::steady_clock::now()); }
-
 void Timeline::record(const FrameHeader& identity, Clock::time_point issued, Clock::time_point started,
                       Clock::time_point ready, Clock::time_point done) {
   if (capacity_ == 0) return;
-  const TimelineEntry entry{identity.seq, identity.kind,
-                            identity.count * dtype_size(static_cast<DataType>(identity.dtype)),
+  const uint64_t bytes = identity.count * dtype_size(static_cast<DataType>(identity.dtype));
+  // FrameHeader::wire_dtype: 0 when the payload travels as `dtype`, else the DataType it travels in.
+  const uint64_t wire_bytes =
+      identity.wire_dtype == 0 ? bytes : identity.count * dtype_size(static_cast<DataType>(identity.wire_dtype));
+  const TimelineEntry entry{identity.seq,       identity.kind,      bytes,           wire_bytes,
                             steady_ns(issued), steady_ns(started), steady_ns(ready), steady_ns(done)};
   std::lock_guard<std::mutex> lock(mu_);
   if (ring_.size() < capacity_) {

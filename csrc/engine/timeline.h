@@ -17,14 +17,10 @@
 #include <mutex>
 #include <vector>
 
+#include "clock.h"
 #include "wire.h"
 
 namespace mccl {
-
-// Steady clock times (CLOCK_MONOTONIC / mach_absolute_time) as nanoseconds since the clock's epoch, the
-// convention of CommStats (stats.h) too; steady_now_ns() lets a caller mark a window in the same clock.
-int64_t steady_ns(std::chrono::steady_clock::time_point t);
-int64_t steady_now_ns();
 
 struct TimelineEntry {
   uint64_t seq = 0;    // the collective's sequence number, which matches it up across ranks
@@ -33,7 +29,10 @@ struct TimelineEntry {
   // allreduce, broadcast and reduce; one rank's block of allgather, reduce-scatter, gather and scatter; all
   // that alltoall sends; 0 for a barrier.
   uint64_t bytes = 0;
-  // steady_ns() times:
+  // The same payload in the type it travels in: count x the size of MCCL_WIRE_DTYPE's type for a compressed
+  // collective (a float32 reduction: allreduce, reduce-scatter, reduce), else == bytes.
+  uint64_t wire_bytes = 0;
+  // steady_ns() times (clock.h):
   int64_t issued = 0;   // enqueued by the caller
   int64_t started = 0;  // picked up by the progress thread
   int64_t ready = 0;    // its buffers ready (== started when it had nothing to wait for)
@@ -44,7 +43,8 @@ class Timeline {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit Timeline(size_t capacity) : capacity_(capacity) {}
+  // Reserves the whole ring, so that record() never allocates on the progress thread.
+  explicit Timeline(size_t capacity) : capacity_(capacity) { ring_.reserve(capacity_); }
 
   // Progress thread: the collective `identity` (its seq set) ran with these times.
   void record(const FrameHeader& identity, Clock::time_point issued, Clock::time_point started,
@@ -55,7 +55,7 @@ class Timeline {
  private:
   const size_t capacity_;
   mutable std::mutex mu_;
-  std::vector<TimelineEntry> ring_;  // grows to capacity_, then the oldest entry is overwritten
+  std::vector<TimelineEntry> ring_;  // grows (in place) to capacity_, then the oldest entry is overwritten
   size_t oldest_ = 0;                // once full: the index of the oldest entry, the next to overwrite
 };
 

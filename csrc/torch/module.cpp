@@ -11,6 +11,8 @@
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 
+#include "clock.h"
+#include "dtype.h"
 #include "netif.h"
 #include "reduce.h"
 #include "host_buffers.hpp"
@@ -51,15 +53,23 @@ pybind11::dict stats_dict(const lightning_mccl::ProcessGroupMCCL& pg) {
   return out;
 }
 
-// ProcessGroupMCCL.timeline(): [{"seq", "kind", "bytes", "issued_ns", "started_ns", "ready_ns", "done_ns"}, ...],
-// oldest first; the times are the engine's steady clock (_C.clock_ns()).
+// ProcessGroupMCCL.timeline(): [{"seq", "kind", "bytes", "wire_bytes", "issued_ns", "started_ns", "ready_ns",
+// "done_ns"}, ...], oldest first; the times are the engine's steady clock (_C.clock_ns()).
 pybind11::list timeline_list(const lightning_mccl::ProcessGroupMCCL& pg) {
+  std::vector<mccl::TimelineEntry> entries;
+  {
+    // The copy takes the timeline's mutex, which the progress thread takes once per collective: never
+    // wait for it holding the GIL.
+    pybind11::gil_scoped_release nogil;
+    entries = pg.timeline();
+  }
   pybind11::list out;
-  for (const mccl::TimelineEntry& e : pg.timeline()) {
+  for (const mccl::TimelineEntry& e : entries) {
     pybind11::dict row;
     row["seq"] = e.seq;
     row["kind"] = mccl::collective_name(static_cast<mccl::CollectiveKind>(e.kind));
     row["bytes"] = e.bytes;
+    row["wire_bytes"] = e.wire_bytes;
     row["issued_ns"] = e.issued;
     row["started_ns"] = e.started;
     row["ready_ns"] = e.ready;
@@ -115,6 +125,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            pybind11::arg("route_to") = "", pybind11::arg("settings") = mccl::Settings{},
            pybind11::call_guard<pybind11::gil_scoped_release>())
       .def_property_readonly("listen_address", &lightning_mccl::ProcessGroupMCCL::listenAddress)
+      .def_property_readonly(
+          "wire_dtype",
+          [](const lightning_mccl::ProcessGroupMCCL& pg) -> std::string {
+            const mccl::DataType wire = pg.config().wire_dtype;
+            return wire == mccl::DataType::kFloat32 ? "off" : wire == mccl::DataType::kBFloat16 ? "bf16" : "fp16";
+          },
+          "the MCCL_WIRE_DTYPE this group read when it was made: \"off\", \"bf16\" or \"fp16\"")
       .def("stats", &stats_dict, "this group's traffic counters (engine stats.h), as a dict")
       .def("timeline", &timeline_list,
            "this group's latest collectives with their issue, start, ready and done times (engine timeline.h), "

@@ -43,6 +43,8 @@ class ProcessGroupMCCL : public c10d::Backend {
   const std::string& listenAddress() const { return comm_->listen_address(); }
   mccl::CommStats::Snapshot stats() const { return comm_->stats(); }
   std::vector<mccl::TimelineEntry> timeline() const { return comm_->timeline(); }
+  // The settings this group read when it was made (its pg_options over the environment), kept unchanged.
+  const mccl::Config& config() const { return comm_->config(); }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;

@@ -16,7 +16,8 @@ except Exception as _e:  # noqa: BLE001 - a broken Lightning must never break th
 
     warnings.warn(f"lightning-mccl: Lightning integration unavailable: {_e!r}", RuntimeWarning)
 
-from .stats import clock_ns, stats, timeline
+from .stats import stats
+from .timeline import clock_ns, timeline
 
 __all__ = ["Options", "ProcessGroupMCCL", "clock_ns", "is_registered", "register", "stats", "timeline"]
 __version__ = "0.1.0"

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
-from typing import Optional
+from typing import Any, Optional
 
+import torch
 import torch.distributed as dist
 
 from . import _C
@@ -28,32 +29,46 @@ def _store_host(store) -> str:
     return ""
 
 
-_wire_by_group: "dict[str, str]" = {}  # torch's group name -> MCCL_WIRE_DTYPE its mccl backend read
+def mccl_backend(group: Optional[Any] = None) -> "Optional[ProcessGroupMCCL]":
+    """The ProcessGroupMCCL behind `group` (default: the world group), or None when it is not an mccl group."""
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    pg = group if group is not None else dist.group.WORLD
+    try:
+        backend = pg._get_backend(torch.device("cpu"))
+    except (RuntimeError, ValueError, AttributeError):
+        return None
+    return backend if isinstance(backend, ProcessGroupMCCL) else None
+
+
+def required_backend(group: Optional[Any], caller: str) -> "ProcessGroupMCCL":
+    """mccl_backend(group), or a ValueError from `lightning_mccl.<caller>` naming why there is none."""
+    backend = mccl_backend(group)
+    if backend is not None:
+        return backend
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError(f"lightning_mccl.{caller}: torch.distributed is not initialized")
+    try:
+        name = dist.get_backend(group)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"lightning_mccl.{caller}: the group is not a process group of this process (destroyed, "
+                         f"or made without this rank)") from None
+    raise ValueError(f"lightning_mccl.{caller}: the group's backend is {name!r}, not mccl")
 
 
 def wire_dtype_of(group=None) -> "Optional[str]":
     """The MCCL_WIRE_DTYPE that `group`'s mccl backend read when it was made (its pg_options, else the
-    environment then, else "off"); `group` defaults to the default group. None when torch.distributed is not
-    initialized, or when the group is not an mccl group made by this backend (a Gloo group, say, even one that
-    reuses the name of a destroyed mccl group). Each group reads its own settings when it is made
-    (options.py), and keeps them."""
-    if not dist.is_available() or not dist.is_initialized():
-        return None
-    if group is None:
-        group = dist.group.WORLD
-    try:
-        if dist.get_backend(group) != BACKEND_NAME:
-            return None
-    except (RuntimeError, ValueError):  # not a group of this process (destroyed, or another rank set's)
-        return None
-    return _wire_by_group.get(str(group.group_name))
+    environment then, else off), as the engine parsed it: "off", "bf16" or "fp16"; `group` defaults to the
+    default group. None when torch.distributed is not initialized, or when the group is not an mccl group.
+    Each group reads its own settings when it is made (options.py), and keeps them."""
+    backend = mccl_backend(group)
+    return None if backend is None else backend.wire_dtype
 
 
 def _create_backend(opts, backend_options=None):
     """torch's extended-API creator: one ProcessGroupMCCL per process group and device. `backend_options`
     is the pg_options of init_process_group / new_group: lightning_mccl.Options or a dict (options.py)."""
     settings = settings_of(backend_options)
-    _wire_by_group[str(opts.group_id)] = settings.get("MCCL_WIRE_DTYPE", os.environ.get("MCCL_WIRE_DTYPE", "off"))
     timeout = opts.timeout
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))

@@ -1,7 +1,8 @@
 // The communicator's timeline (timeline.h): each rank's record of a known sequence of collectives (seqs,
 // kinds, payload bytes, times in order and inside the caller's window, a device wait shown as start to
 // ready) while another thread reads it (for TSan), the ring keeping only the latest MCCL_TIMELINE_ENTRIES,
-// 0 recording nothing, and a failed collective recorded like the others.
+// 0 recording nothing, the bytes on the wire of compressed (MCCL_WIRE_DTYPE) and uncompressed collectives,
+// and a failed collective recorded like the others, its wait for a ready step that threw shown as staging.
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
@@ -50,6 +51,7 @@ void check_entry(int rank, const TimelineEntry& e, uint64_t seq) {
   CHECK(e.kind == static_cast<uint8_t>(kSequence[seq].kind));
   CHECK_MSG(e.bytes == kSequence[seq].bytes, "rank %d seq %llu: %llu bytes", rank,
             static_cast<unsigned long long>(seq), static_cast<unsigned long long>(e.bytes));
+  CHECK(e.wire_bytes == e.bytes);  // uncompressed
   CHECK(e.issued <= e.started && e.started <= e.ready && e.ready <= e.done);
 }
 
@@ -111,12 +113,46 @@ TEST(the_ring_keeps_the_latest_entries_and_zero_records_none) {
   CHECK(rejected);
 }
 
+TEST(compressed_collectives_count_their_wire_bytes_in_the_wire_type) {
+  // MCCL_WIRE_DTYPE compresses float32 reductions only: the allreduces' and the reduce-scatter's float32
+  // payloads travel at half the bytes; the float64 allreduce and the broadcast travel as they are.
+  for (const char* wire : {"bf16", "fp16"}) {
+    const Config config = Config::from_env({{"MCCL_WIRE_DTYPE", wire}});
+    auto errors = run_world(2, [&](int rank, Communicator& comm) {
+      std::vector<float> a(1000, 1.0f), b(70'000, 1.0f), bcast(500, 1.0f), rs_in(2 * 300, 1.0f), rs_out(300);
+      std::vector<double> wide(300, 1.0);
+      std::vector<WorkPtr> works;
+      works.push_back(comm.allreduce(a.data(), a.size(), DataType::kFloat32, ReduceOp::kSum));
+      works.push_back(comm.allreduce(b.data(), b.size(), DataType::kFloat32, ReduceOp::kSum));
+      works.push_back(comm.allreduce(wide.data(), wide.size(), DataType::kFloat64, ReduceOp::kSum));
+      works.push_back(comm.broadcast(bcast.data(), bcast.size(), DataType::kFloat32, 0));
+      works.push_back(comm.reduce_scatter(rs_in.data(), rs_out.size(), DataType::kFloat32, ReduceOp::kSum,
+                                          rs_out.data()));
+      for (auto& w : works) w->wait();
+      const std::vector<TimelineEntry> t = comm.timeline();
+      CHECK_MSG(t.size() == 5, "rank %d: %zu entries", rank, t.size());
+      if (t.size() != 5) return;
+      const uint64_t bytes[] = {1000 * 4, 70'000 * 4, 300 * 8, 500 * 4, 300 * 4};
+      const uint64_t wire_bytes[] = {1000 * 2, 70'000 * 2, 300 * 8, 500 * 4, 300 * 2};
+      for (size_t k = 0; k < 5; ++k)
+        CHECK_MSG(t[k].bytes == bytes[k] && t[k].wire_bytes == wire_bytes[k],
+                  "rank %d %s entry %zu: %llu bytes, %llu on the wire", rank, wire, k,
+                  static_cast<unsigned long long>(t[k].bytes), static_cast<unsigned long long>(t[k].wire_bytes));
+      CHECK(t[0].wire_bytes == t[0].bytes / 2 && t[3].wire_bytes == t[3].bytes);
+    }, std::chrono::seconds(30), config);
+    for (int rank = 0; rank < 2; ++rank) CHECK_MSG(errors[rank].empty(), "rank %d: %s", rank, errors[rank].c_str());
+  }
+}
+
 TEST(a_failed_collective_is_recorded_too) {
   auto errors = run_world(1, [&](int, Communicator& comm) {
     std::vector<float> data(8, 1.0f);
     WorkPtr work;
     {
-      Communicator::StartAfter after([] { throw std::runtime_error("device copy failed"); });
+      Communicator::StartAfter after([] {
+        std::this_thread::sleep_for(kReadyWait);
+        throw std::runtime_error("device copy failed");
+      });
       work = comm.allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);
     }
     bool failed = false;
@@ -131,6 +167,9 @@ TEST(a_failed_collective_is_recorded_too) {
     if (t.size() == 1) {
       CHECK(t[0].seq == 0 && t[0].kind == static_cast<uint8_t>(CollectiveKind::kAllreduce) && t[0].bytes == 32);
       CHECK(t[0].issued <= t[0].started && t[0].started <= t[0].ready && t[0].ready <= t[0].done);
+      // the time until the ready step threw shows as staging (started to ready), not as running
+      CHECK_MSG(t[0].ready - t[0].started >= std::chrono::nanoseconds(kReadyWait).count(),
+                "ready %lld ns after it started", static_cast<long long>(t[0].ready - t[0].started));
     }
   });
   CHECK_MSG(errors[0].empty(), "rank 0: %s", errors[0].c_str());

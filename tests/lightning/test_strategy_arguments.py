@@ -136,7 +136,22 @@ def test_wire_compression_conflicts_are_named(monkeypatch):
     assert "existing default process group, which this fit reuses, was made with MCCL_WIRE_DTYPE=off" in str(info.value)
     assert "torch.distributed.destroy_process_group() before this fit" in str(info.value)
     assert compress.wire_settings("bf16", "bfloat16") == {"MCCL_WIRE_DTYPE": "bf16"}
-    assert compress.wire_settings(None, "bf16") == {}  # compress unset: the environment decides
+    # compress unset after a compressed fit whose group this fit reuses: the group would train compressed
+    with pytest.raises(ValueError) as info:
+        compress.wire_settings(None, "bf16")
+    assert ("MCCLStrategy(compress=None): the existing default process group, which this fit reuses, was made with "
+            "MCCL_WIRE_DTYPE=bf16, but the environment says MCCL_WIRE_DTYPE=off (unset)") in str(info.value)
+    assert "or pass compress='bf16'" in str(info.value)
+    assert compress.wire_settings(None, "off") == {}  # compress unset, and the group agrees with the environment
+    monkeypatch.setenv("MCCL_WIRE_DTYPE", "bfloat16")
+    assert compress.wire_settings(None, "bf16") == {}  # the environment decides, and the group read the same
+    with pytest.raises(ValueError, match=r"made with MCCL_WIRE_DTYPE=off, but the environment says "
+                                         r"MCCL_WIRE_DTYPE=bfloat16 .* or remove MCCL_WIRE_DTYPE from the environment"):
+        compress.wire_settings(None, "off")
+    monkeypatch.setenv("MCCL_WIRE_DTYPE", "fp16")
+    with pytest.raises(ValueError, match=r"or set MCCL_WIRE_DTYPE=bf16 to train as that group does"):
+        compress.wire_settings(None, "bf16")
+    monkeypatch.delenv("MCCL_WIRE_DTYPE")
     assert compress.wire_settings(None, None) == {}
     assert compress.wire_settings("bf16", None) == {"MCCL_WIRE_DTYPE": "bf16"}
     assert "MCCL_WIRE_DTYPE" not in os.environ  # never written
@@ -187,9 +202,9 @@ def test_options_reach_the_process_group(no_launch_env):
 
 
 def test_wire_type_travels_in_the_groups_options_not_the_environment(no_launch_env):
-    """compress='bf16' makes a group that read bf16 and leaves MCCL_WIRE_DTYPE unset; a fit that would reuse that
-    group with another compress is a ValueError naming the group's setting; after destroy_process_group() the
-    next group reads its own."""
+    """compress='bf16' makes a group that read bf16 (the engine's own wire_dtype says so) and leaves
+    MCCL_WIRE_DTYPE unset; a fit that would reuse that group with another compress, or with compress unset, is a
+    ValueError naming the group's setting; after destroy_process_group() the next group reads its own."""
     from lightning.fabric.plugins.environments import LightningEnvironment
 
     from launch_env import free_port
@@ -209,6 +224,10 @@ def test_wire_type_travels_in_the_groups_options_not_the_environment(no_launch_e
         with pytest.raises(ValueError, match=r"existing default process group, which this fit reuses, was made "
                                              r"with MCCL_WIRE_DTYPE=bf16"):
             setup("fp16")
+        with pytest.raises(ValueError, match=r"compress=None\): the existing default process group, which this fit "
+                                             r"reuses, was made with MCCL_WIRE_DTYPE=bf16"):
+            setup(None)  # would otherwise train compressed
+        assert _backend.mccl_backend().wire_dtype == "bf16"
         torch.distributed.destroy_process_group()
         assert _backend.wire_dtype_of() is None
         setup("fp16")
@@ -216,6 +235,28 @@ def test_wire_type_travels_in_the_groups_options_not_the_environment(no_launch_e
         torch.distributed.destroy_process_group()
         setup(None)
         assert _backend.wire_dtype_of() == "off"
+        setup(None)  # compress unset again, the environment still unset: the group is reused
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+
+
+def test_an_existing_default_group_of_another_backend_is_refused(no_launch_env):
+    """A default group that already exists is reused by Lightning as it is: one over Gloo is a ValueError naming
+    its backend, never a fit that silently runs on Gloo."""
+    from lightning.fabric.plugins.environments import LightningEnvironment
+
+    from lightning_mccl.lightning import MCCLStrategy
+
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        strategy = MCCLStrategy(parallel_devices=[torch.device("cpu")], cluster_environment=LightningEnvironment(),
+                                timeout=30)
+        with pytest.raises(ValueError) as info:
+            strategy.setup_distributed()
+        assert str(info.value) == ("MCCLStrategy: the default process group that already exists runs 'gloo', not "
+                                   "mccl: destroy it first (torch.distributed.destroy_process_group()) or use "
+                                   "process_group_backend='gloo'")
+        assert torch.distributed.get_backend() == "gloo"  # left as it was
+    finally:
+        torch.distributed.destroy_process_group()

@@ -1,7 +1,8 @@
 """Per-group settings (lightning_mccl.Options as pg_options, docs/settings.md): each group reads its settings
 when it is made, so two groups in one process differ, and a variable set after a group was made applies to
 the next group only. Observed through the bytes each group's engine put on the wire (stats()): bf16 on
-the wire halves them, and the values come back rounded to bf16."""
+the wire halves them, and the values come back rounded to bf16; and through the wire type each group's engine
+says it read (`_backend.wire_dtype_of`)."""
 from __future__ import annotations
 
 import pytest
@@ -19,6 +20,7 @@ def _groups_differ(rank, world):
 
     import lightning_mccl
     from lightning_mccl import stats
+    from lightning_mccl._backend import wire_dtype_of
 
     x = torch.full((COUNT,), 1.0 + 2.0 ** -12)  # not a bfloat16: bf16 on the wire rounds it to 1.0
     ranks = list(range(world))
@@ -38,6 +40,8 @@ def _groups_differ(rank, world):
     out["plain_after"] = traffic(plain)
     out["later"] = traffic(later)
     del os.environ["MCCL_WIRE_DTYPE"]
+    half = dist.new_group(ranks, backend="mccl", pg_options={"MCCL_WIRE_DTYPE": "half"})  # the engine's alias
+    out["wire"] = [wire_dtype_of(g) for g in (None, plain, narrow, as_dict, later, half)]
     errors = {}
     for bad in ({"MCCL_NSOCKS": "2K"}, {"MCCL_SPINUS": "0"}):
         try:
@@ -60,6 +64,7 @@ def test_two_groups_differ_and_later_variables_apply_to_the_next_group():
         assert out["dict"] == out["narrow"], (rank, out)
         assert out["plain_after"] == out["plain"], (rank, out)  # made before the variable changed
         assert out["later"] == out["narrow"], (rank, out)
+        assert out["wire"] == ["off", "off", "bf16", "bf16", "bf16", "fp16"], (rank, out)
         kind, message = out["errors"]["MCCL_NSOCKS"]
         assert kind == "ValueError" and "MCCL_NSOCKS='2K' is not a whole number" in message, out["errors"]
         kind, message = out["errors"]["MCCL_SPINUS"]

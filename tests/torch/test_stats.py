@@ -1,9 +1,10 @@
 """`lightning_mccl.stats(group)`: the engine's counters against traffic whose size is known exactly — the
 ring's 2(n-1)/n of the buffer per rank, recursive doubling's fold/exchange/unfold on 3 ranks, a broadcast,
 a send/recv pair, and the halved bytes of MCCL_WIRE_DTYPE=bf16 — plus the wait time of a caller blocked on
-a late peer, and the clear error without an mccl group. `lightning_mccl.timeline(group)` on the same run:
-the two allreduces and the broadcast inside the caller's clock_ns() window, with their kinds, bytes and
-times in order, and nothing recorded by a group made with Options(timeline_entries=0)."""
+a late peer, and the errors without an mccl group, naming why. `lightning_mccl.timeline(group)` on the same
+run: the two allreduces and the broadcast inside the caller's clock_ns() window, with their kinds, bytes and
+times in order, and nothing recorded by a group made with Options(timeline_entries=0); with
+MCCL_WIRE_DTYPE=bf16, its wire_bytes: half of a float32 allreduce's bytes, all of a broadcast's."""
 from __future__ import annotations
 
 import pytest
@@ -112,7 +113,8 @@ def test_timeline_lists_the_collectives_in_the_callers_window(known_traffic):
         assert seqs == list(range(seqs[0], seqs[0] + 3)), (rank, seqs)
         first_seqs.add(seqs[0])
         for e in entries:
-            assert set(e) == {"seq", "kind", "bytes", "issued_ns", "started_ns", "ready_ns", "done_ns"}
+            assert set(e) == {"seq", "kind", "bytes", "wire_bytes", "issued_ns", "started_ns", "ready_ns", "done_ns"}
+            assert e["wire_bytes"] == e["bytes"]  # uncompressed
             # CPU tensors: nothing to copy before the start, so ready == started
             assert start <= e["issued_ns"] <= e["started_ns"] == e["ready_ns"] <= e["done_ns"] <= end, (rank, e)
         for prev, nxt in zip(entries, entries[1:]):
@@ -128,19 +130,26 @@ def _compressed_ring(rank, world):
     import torch
     import torch.distributed as dist
 
-    from lightning_mccl import stats
+    from lightning_mccl import stats, timeline
+    from lightning_mccl._backend import wire_dtype_of
 
     dist.all_reduce(torch.ones(RING_COUNT))
     dist.all_reduce(torch.ones(RING_COUNT, dtype=torch.float64))  # not compressed
-    return stats()["kinds"]["allreduce"]
+    dist.broadcast(torch.ones(SMALL_COUNT), src=0)  # not a reduction: not compressed
+    return {"allreduce": stats()["kinds"]["allreduce"], "wire": wire_dtype_of(),
+            "timeline": [(e["kind"], e["bytes"], e["wire_bytes"]) for e in timeline()]}
 
 
 def test_counters_count_wire_bytes_after_compression():
     results = run_ranks(_compressed_ring, 3, env={"MCCL_WIRE_DTYPE": "bf16"}, timeout=120)
     ring_share = 2 * 2 * RING_COUNT // 3  # elements each rank sends in a ring allreduce on 3 ranks
     for out in results:
-        assert out["calls"] == 2
-        assert out["bytes_sent"] == out["bytes_received"] == ring_share * 2 + ring_share * 8
+        assert out["allreduce"]["calls"] == 2
+        assert out["allreduce"]["bytes_sent"] == out["allreduce"]["bytes_received"] == ring_share * 2 + ring_share * 8
+        assert out["wire"] == "bf16"  # what the engine read
+        assert out["timeline"][-3:] == [("allreduce", RING_COUNT * 4, RING_COUNT * 2),
+                                        ("allreduce", RING_COUNT * 8, RING_COUNT * 8),
+                                        ("broadcast", SMALL_COUNT * 4, SMALL_COUNT * 4)], out["timeline"]
 
 
 def test_stats_and_timeline_without_an_mccl_group_are_value_errors_naming_why():
@@ -148,15 +157,19 @@ def test_stats_and_timeline_without_an_mccl_group_are_value_errors_naming_why():
 
     from lightning_mccl import clock_ns, stats, timeline
 
-    for call in (stats, timeline):
-        with pytest.raises(ValueError, match="torch.distributed is not initialised"):
+    from lightning_mccl._backend import wire_dtype_of
+
+    for call, name in ((stats, "stats"), (timeline, "timeline")):
+        with pytest.raises(ValueError, match=f"^lightning_mccl.{name}: torch.distributed is not initialized$"):
             call()
+    assert wire_dtype_of() is None
     before = clock_ns()
     assert 0 < before <= clock_ns()  # needs no group
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         for call, name in ((stats, "stats"), (timeline, "timeline")):
-            with pytest.raises(ValueError, match=f"lightning_mccl.{name}: no mccl backend .*not an mccl group"):
+            with pytest.raises(ValueError, match=f"^lightning_mccl.{name}: the group's backend is 'gloo', not mccl$"):
                 call()
+        assert wire_dtype_of() is None
     finally:
         dist.destroy_process_group()

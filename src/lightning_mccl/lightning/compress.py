@@ -16,8 +16,10 @@
 
 A process group reads MCCL_WIRE_DTYPE when it is made (docs/settings.md): the strategy passes it in the
 pg_options of the group it creates (`wire_settings`), never in the environment. A second fit in the same
-process reuses that group, so another `compress` then is a ValueError naming the group's setting, never a
-silent no-op; after `torch.distributed.destroy_process_group()` a fit makes a new group with its own setting.
+process reuses that group, so another `compress` then is a ValueError naming the group's setting (what its
+engine read), never a silent no-op, and so is `compress` unset when the group's setting is not the
+environment's (never a silently compressed fit); after `torch.distributed.destroy_process_group()` a fit makes
+a new group with its own setting.
 """
 from __future__ import annotations
 
@@ -99,10 +101,26 @@ def wire_settings(wire: Optional[str], existing: Optional[str]) -> Dict[str, str
     """The pg_options settings that give a new mccl group the wire type `wire` (the plan's): {MCCL_WIRE_DTYPE:
     wire}, or {} when `wire` is None (compress unset: the environment decides, as without the strategy).
     `existing` is the MCCL_WIRE_DTYPE of the mccl default group that already exists and that Lightning will
-    reuse (`_backend.wire_dtype_of()`), None when there is none. ValueError when the environment, or that
-    group, says otherwise (every rank runs the same code, so every rank passes the same value; the engine
-    checks that on the wire too). Never writes the environment."""
+    reuse (`_backend.wire_dtype_of()`: what its engine read), None when there is none. ValueError when the
+    environment, or that group, says otherwise; with compress unset, when that group's setting is not the
+    environment's (a fit after a compressed one would otherwise train compressed without asking). Every rank
+    runs the same code, so every rank passes the same value; the engine checks that on the wire too. Never
+    writes the environment."""
     if wire is None:
+        env = os.environ.get(WIRE_ENV)
+        have = None if existing is None else _normal(existing)
+        if have is not None and have != _normal(env if env is not None else "off"):
+            if have == "off":
+                hint = f"remove {WIRE_ENV} from the environment"
+            elif env is None:
+                hint = f"pass compress={have!r}"
+            else:
+                hint = f"set {WIRE_ENV}={have}"
+            raise ValueError(f"MCCLStrategy(compress=None): the existing default process group, which this fit "
+                             f"reuses, was made with {WIRE_ENV}={existing}, but the environment says "
+                             f"{WIRE_ENV}={env if env is not None else 'off (unset)'} (a group keeps what it read "
+                             f"when it was made); call torch.distributed.destroy_process_group() before this fit, "
+                             f"or {hint} to train as that group does")
         return {}
     want = _normal(wire)
     env = os.environ.get(WIRE_ENV)

@@ -17,7 +17,8 @@ Lightning 2.6 (`lightning.pytorch.strategies.ddp`):
   `teardown`: a second fit/test in the same script would then re-initialise on the same MASTER_PORT while
   rank 0's old TCPStore may still be up, and a rank can reach that old store ("Connection reset by peer" in
   TCPStore.waitForWorkers, seen once in about 80 re-initialisations here). Kept for the process's lifetime,
-  the group is reused by later fits, as Lightning's DDP reuses its own.
+  the group is reused by later fits, as Lightning's DDP reuses its own. A default group that exists over
+  another backend is refused (ValueError): Lightning would return early and train on it.
 - `setup_distributed` rendezvouses through `lightning_mccl.rendezvous` (torch's TCPStore, waiting in Python):
   ranks that have not arrived are named every few seconds, and after the group timeout in the error.
 - `set_world_ranks`: with $MCCL_HOSTFILE set and only Lightning's fallback `LightningEnvironment` chosen,
@@ -222,6 +223,14 @@ class MCCLStrategy(DDPStrategy):
         assert self.cluster_environment is not None
         self._choose_compression()
         created = not torch.distributed.is_initialized()
+        if not created:
+            # Lightning's _init_dist_connection returns early when a default group exists: over another
+            # backend, the fit would run on it without a word.
+            backend = torch.distributed.get_backend()
+            if backend != BACKEND:
+                raise ValueError(f"MCCLStrategy: the default process group that already exists runs {backend!r}, "
+                                 f"not mccl: destroy it first (torch.distributed.destroy_process_group()) or use "
+                                 f"process_group_backend={backend!r}")
         # The wire type travels in the new group's pg_options (read when the group is made), never in the
         # environment; a group Lightning reuses must already have it.
         existing = None if created else _backend.wire_dtype_of()
