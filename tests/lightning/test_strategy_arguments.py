@@ -243,10 +243,10 @@ def test_wire_type_travels_in_the_groups_options_not_the_environment(no_launch_e
 
 def test_an_existing_default_group_of_another_backend_is_refused(no_launch_env):
     """A default group that already exists is reused by Lightning as it is: one over Gloo is a ValueError naming
-    its backend, never a fit that silently runs on Gloo."""
+    its backend, never a fit that silently runs on Gloo (the Trainer's strategy and Fabric's)."""
     from lightning.fabric.plugins.environments import LightningEnvironment
 
-    from lightning_mccl.lightning import MCCLStrategy
+    from lightning_mccl.lightning import MCCLFabricStrategy, MCCLStrategy
 
     torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
     try:
@@ -257,6 +257,11 @@ def test_an_existing_default_group_of_another_backend_is_refused(no_launch_env):
         assert str(info.value) == ("MCCLStrategy: the default process group that already exists runs 'gloo', not "
                                    "mccl: destroy it first (torch.distributed.destroy_process_group()) or use "
                                    "process_group_backend='gloo'")
+        fabric = MCCLFabricStrategy(parallel_devices=[torch.device("cpu")], cluster_environment=LightningEnvironment(),
+                                    timeout=30)
+        with pytest.raises(ValueError, match=r"^MCCLFabricStrategy: the default process group that already exists "
+                                             r"runs 'gloo', not mccl"):
+            fabric._setup_distributed()
         assert torch.distributed.get_backend() == "gloo"  # left as it was
     finally:
         torch.distributed.destroy_process_group()

@@ -38,7 +38,7 @@ from .. import _backend
 from . import mps_gate
 from .internals import checked_override
 from .strategy import (MCCL_BUCKET_CAP_MB, _destroy_at_exit, _init_dist_connection, fleet_environment, group_timeout,
-                       rendezvous_store)
+                       rendezvous_store, require_mccl_default_group)
 
 FABRIC_DDP = "lightning.fabric.strategies.ddp"  # where the DDPStrategy privates overridden here live
 
@@ -71,6 +71,8 @@ class MCCLFabricStrategy(DDPStrategy):
         self._process_group_backend = BACKEND
         assert self.cluster_environment is not None
         created = not torch.distributed.is_initialized()
+        if not created:
+            require_mccl_default_group("MCCLFabricStrategy")
         kwargs = {"store": rendezvous_store(self.cluster_environment, self._timeout)} if created else {}
         _init_dist_connection(self.cluster_environment, BACKEND, timeout=self._timeout, **kwargs)
         if created:

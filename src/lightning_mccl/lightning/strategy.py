@@ -102,6 +102,16 @@ def fleet_environment(env: Optional[ClusterEnvironment]) -> Optional[ClusterEnvi
     return MacFleetEnvironment() if MacFleetEnvironment.detect() else env
 
 
+def require_mccl_default_group(owner: str) -> None:
+    """A default group exists, which Lightning's _init_dist_connection then reuses without a word: it must be
+    an mccl one, or the fit would run over another backend. ValueError naming it otherwise."""
+    backend = torch.distributed.get_backend()
+    if backend != BACKEND:
+        raise ValueError(f"{owner}: the default process group that already exists runs {backend!r}, not mccl: "
+                         f"destroy it first (torch.distributed.destroy_process_group()) or use "
+                         f"process_group_backend={backend!r}")
+
+
 def rendezvous_store(env: ClusterEnvironment, timeout: Optional[timedelta]) -> torch.distributed.Store:
     """The store the mccl strategies (Trainer's and Fabric's) make their group with, `lightning_mccl.rendezvous`:
     it names the ranks (and hosts) that have not arrived while the others wait, fails naming them after the group
@@ -224,13 +234,7 @@ class MCCLStrategy(DDPStrategy):
         self._choose_compression()
         created = not torch.distributed.is_initialized()
         if not created:
-            # Lightning's _init_dist_connection returns early when a default group exists: over another
-            # backend, the fit would run on it without a word.
-            backend = torch.distributed.get_backend()
-            if backend != BACKEND:
-                raise ValueError(f"MCCLStrategy: the default process group that already exists runs {backend!r}, "
-                                 f"not mccl: destroy it first (torch.distributed.destroy_process_group()) or use "
-                                 f"process_group_backend={backend!r}")
+            require_mccl_default_group("MCCLStrategy")
         # The wire type travels in the new group's pg_options (read when the group is made), never in the
         # environment; a group Lightning reuses must already have it.
         existing = None if created else _backend.wire_dtype_of()
