@@ -97,7 +97,7 @@ def main(argv=None) -> int:
 
     from sweep.launch import LaunchFailed, placement
 
-    rows, wheres, failed = [], [], []
+    rows, wheres, failed, steps = [], [], [], []
     for n in counts:
         with placement(n, n if args.hosts else None, args.rate, args.switch, args.burst, log=log) as where:
             wheres.append(where.describe())
@@ -120,10 +120,11 @@ def main(argv=None) -> int:
                         failed += [(n, batch, s.label) for s in group if s.backend != "none"]
                         continue
                     rows += add_wire_time(result["rows"], where.link_goodput_gbps())
-                    report_all(args, argv, out, rows, series, failed, wheres, log, quiet=True)  # so far
+                    steps += result.get("timeline_steps", [])
+                    report_all(args, argv, out, rows, steps, series, failed, wheres, log, quiet=True)  # so far
                 if os.path.exists(ref_path):
                     os.remove(ref_path)
-    rows = report_all(args, argv, out, rows, series, failed, wheres, log, quiet=False)
+    rows = report_all(args, argv, out, rows, steps, series, failed, wheres, log, quiet=False)
     bad = [r for r in rows if r.get("weights_match") == "NO"]
     for r in bad:
         log(f"{r['series']} at {r['world']} ranks, batch {r['batch_per_rank']}: weights differ from "
@@ -131,9 +132,13 @@ def main(argv=None) -> int:
     return 1 if bad or failed else 0
 
 
-def report_all(args, argv, out, rows, series, failed, wheres, log, quiet: bool) -> list:
-    """Writes the files of everything measured so far (after every launch: a run cut short keeps its rows)."""
+def report_all(args, argv, out, rows, steps, series, failed, wheres, log, quiet: bool) -> list:
+    """Writes the files of everything measured so far (after every launch: a run cut short keeps its rows),
+    and timeline_steps.csv: each timed step of the mccl series, split by the engine's timeline."""
     from sweep.ddp_report import write_outputs
+
+    if steps:
+        report.write_csv(os.path.join(out, "timeline_steps.csv"), steps)
 
     rows = finish_rows(rows, [s.label for s in series], args.baseline, failed)
     info = next((r for r in rows if r.get("params")), {})

@@ -143,10 +143,18 @@ def worker(spec_path: str) -> int:
         rows.append(row)
     if rank == 0:
         with open(spec["result"], "w") as f:
-            json.dump({"rows": rows}, f)
+            json.dump({"rows": rows, "timeline_steps": _timeline_steps(series, timed, times, parts, world, spec)}, f)
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def _timeline_steps(series, timed, times, parts, world: int, spec: dict) -> list:
+    """A row per timed step of each mccl series: its time (the slowest rank's) and its parts (the mean over
+    the ranks), so that a slow mode in the medians can be told apart."""
+    return [{"world": world, "batch_per_rank": spec["batch"], "series": series[k].label, "step": i,
+             "time_s": float(times[i, k]), **{f"tl_{p}": float(v) for p, v in zip(ddp_timeline.PARTS, parts[i, k])}}
+            for k in sorted(timed) for i in range(spec["steps"])]
 
 
 def _flat(model):

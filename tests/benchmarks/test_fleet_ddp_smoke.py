@@ -37,7 +37,23 @@ def test_fleet_ddp_writes_table_and_weights_agree(tmp_path):
     # 16-bit gradients on the wire differ from the exact run, but by far less than the tolerance's scale
     assert 0 < float(rows["mccl+bf16_hook"]["weights_rel_diff"])
     assert rows["gloo"]["vs_gloo"] == "" and float(rows["mccl"]["vs_gloo"]) > 0
+    # the mccl series' steps split by the engine's timeline: parts that add up to the step, the payload on the
+    # wire halved by bf16 compression; a row per timed step in timeline_steps.csv
+    parts = ("before_first", "held", "staging", "peers", "engine", "starved", "after_last")
+    for name in ("mccl", "mccl+bf16_hook", "mccl-bf16"):
+        r = rows[name]
+        assert float(r["tl_collectives"]) >= 1 and float(r["tl_engine"]) > 0, r
+    assert "tl_engine" not in rows["gloo"] or rows["gloo"]["tl_engine"] == ""
+    assert float(rows["mccl-bf16"]["tl_ring_bytes"]) == pytest.approx(float(rows["mccl"]["tl_ring_bytes"]) / 2, rel=1e-3)
+    with open(out / "timeline_steps.csv", newline="") as f:
+        steps = list(csv.DictReader(f))
+    assert sorted((s["series"], s["step"]) for s in steps) == sorted(
+        (n, str(i)) for n in ("mccl", "mccl+bf16_hook", "mccl-bf16") for i in range(2))
+    for s in steps:
+        # each rank's parts add up to its own step, and the mean over ranks stays within the slowest rank's time
+        assert 0 < sum(float(s[f"tl_{p}"]) for p in parts) <= float(s["time_s"]) * 1.01, s
     md = (out / "results.md").read_text()
+    assert "## Where the mccl steps go" in md
     assert "- model: vit_tiny_patch16_224, img 32, patch 8, depth 1, 10 classes" in md and "| 2 | 2 | mccl-bf16 |" in md
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "efficiency" in proc.stdout_text
