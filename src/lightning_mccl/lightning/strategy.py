@@ -69,10 +69,11 @@ log = logging.getLogger(__name__)
 BACKEND = _backend.BACKEND_NAME
 COMPRESS_CHOICES = _compress.CHOICES
 # DDP's bucket size over mccl when bucket_cap_mb is not given. On the 8-host fleet stand-in (ViT-B/16,
-# 10 Gbit/s) 5 MB buckets beat DDP's 25 MB: batch 32 842 against 879 ms a step, batch 8 637 against 665 ms
-# (2 MB: the same; docs/performance.md, "DDP settings for fleets"). The last bucket's allreduce, the one
-# left after the backward pass, is a fifth as long. Gloo's per-collective cost makes small buckets slower
-# there (1447 and 753 ms), so other backends keep DDP's default.
+# 10 Gbit/s) 5 MB buckets beat DDP's 25 MB at batch 32 in four runs of five (842 against 879 ms a step); at
+# batch 8 they were no faster, with a slow mode in three runs of eight (docs/performance.md, "DDP settings for
+# fleets" and "Where the step goes"). The last bucket's allreduce, the one left after the backward pass, is a
+# fifth as long. Gloo's per-collective cost makes small buckets slower there (1447 and 753 ms), so other
+# backends keep DDP's default.
 MCCL_BUCKET_CAP_MB = 5.0
 # The same for compress="powersgd": one bucket (DDP still makes its first, 1 MB one), so the hook's chain of
 # allreduces and matrix work runs once, after the backward pass, instead of once per bucket, one bucket after
@@ -135,7 +136,7 @@ class MCCLStrategy(DDPStrategy):
             "fp16_hook" torch's compress hooks (with `ddp_comm_hook`, its `*_compress_wrapper`), "powersgd"
             torch's PowerSGD hook with its state.
         compress_options: for "powersgd", PowerSGDState arguments (default: matrix_approximation_rank 1,
-            start_powerSGD_iter 10, use_error_feedback and warm_start True).
+            start_powerSGD_iter 10, use_error_feedback, warm_start and batch_tensors_with_same_shape True).
         find_unused_parameters, static_graph, gradient_as_bucket_view, bucket_cap_mb: passed to
             `DistributedDataParallel`, like any other keyword argument (`forward_sync_buffers`, ...).
             bucket_cap_mb defaults to MCCL_BUCKET_CAP_MB (5) over mccl, POWERSGD_BUCKET_CAP_MB (1000: one
