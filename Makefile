@@ -85,7 +85,7 @@ test-tsan: $(VENV)/.deps
 	$(BIN)/ctest --test-dir build/tsan --output-on-failure
 
 test-python: build
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --durations=20
 
 $(LIGHTNING_OLDEST_DIR): $(VENV)/.deps
 	$(PY) -m pip install -q --no-deps --upgrade --target $@ "lightning==$(LIGHTNING_OLDEST)"
