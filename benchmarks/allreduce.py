@@ -163,7 +163,7 @@ def worker(spec_path: str) -> int:
         return mpi_worker(spec, series, dtype)
     import torch.distributed as dist
 
-    from sweep.rank import dist_max_reduce, init_groups
+    from sweep.rank import dist_max_reduce, dist_sum_over_hosts, init_groups
 
     groups = init_groups(series, spec["pg_timeout"])
     rows = []
@@ -172,7 +172,7 @@ def worker(spec_path: str) -> int:
             runners = {s.label: (lambda bufs, g=groups[s.label]: bufs.run(g),
                                  lambda g=groups[s.label]: dist.barrier(group=g)) for s in series}
             rows += measure(op, size, series, runners, dist_max_reduce, dist.get_rank(), dist.get_world_size(),
-                            spec, dtype)
+                            spec, dtype, sum_reduce=dist_sum_over_hosts)
     if dist.get_rank() == 0:
         _write_result(spec, rows)
     dist.barrier()
@@ -201,11 +201,13 @@ def _write_result(spec: dict, rows: list) -> None:
 
 
 def measure(op: str, size: int, series, runners: dict, max_reduce, rank: int, world: int, spec: dict,
-            dtype) -> list:
+            dtype, sum_reduce=None) -> list:
     """One op at one size: check every series once, then time them interleaved. runners[label] = (run(bufs),
-    barrier()). Returns the rows (every rank has the same, through max_reduce)."""
+    barrier()). Returns the rows (every rank has the same, through max_reduce). With sum_reduce (the sum over
+    hosts), also each series' TCP losses and closed windows during its timed calls (tcp_counters.py)."""
     import torch
 
+    from sweep import tcp_counters
     from sweep.ops import Buffers, element_count
     from sweep.rank import interleaved_times, say, summarize
 
@@ -222,14 +224,21 @@ def measure(op: str, size: int, series, runners: dict, max_reduce, rank: int, wo
     max_reduce(errors)
     bufs.prepare_timing()
     runs = [(lambda run=runners[s.label][0]: run(bufs), runners[s.label][1]) for s in series]
+    counted = [] if sum_reduce else None
     times = interleaved_times(runs, warmup=spec["warmup"], iters=spec["iters"], min_iters=spec["min_iters"],
-                              budget_s=spec["budget_s"], max_reduce=max_reduce)
+                              budget_s=spec["budget_s"], max_reduce=max_reduce, counters=tcp_counters.read,
+                              counted=counted)
+    tcp = torch.tensor(counted or [[0.0] * len(tcp_counters.FIELDS)] * len(series), dtype=torch.float64)
+    if sum_reduce:
+        sum_reduce(tcp)
     rows, line = [], []
     for k, s in enumerate(series):
         rtol = s.rtol if s.rtol is not None else bufs.default_rtol()
         row = {"op": op, "size_bytes": bufs.size_bytes, "count": count, "dtype": spec["dtype"], "world": world,
                "series": s.label, "backend": s.backend, **summarize(times[k]),
                "max_rel_err": float(errors[k]), "rtol": rtol, "correct": "yes" if errors[k] <= rtol else "NO"}
+        if sum_reduce:
+            row.update({f"tcp_{f}": int(v) for f, v in zip(tcp_counters.FIELDS, tcp[k].tolist())})
         rows.append(row)
         line.append(f"{s.label} {row['time_median_s'] * 1e6:.1f} us")
     say(f"{op} {report.human_size(bufs.size_bytes)}: " + ", ".join(line))

@@ -6,9 +6,9 @@ import json
 import os
 import time
 
-from . import ddp_timeline
+from . import ddp_timeline, tcp_counters
 from .ddp_series import COMPUTE, DDPSeries
-from .rank import dist_max_reduce, dist_min_reduce, init_groups, say, summarize
+from .rank import dist_max_reduce, dist_min_reduce, dist_sum_over_hosts, init_groups, say, summarize
 from .series import Series
 
 EXACT_TOL, COMPRESSED_TOL = 1e-3, 5e-2
@@ -91,6 +91,7 @@ def worker(spec_path: str) -> int:
 
     total = spec["warmup"] + spec["steps"]
     times = torch.zeros(spec["steps"], len(labels), dtype=torch.float64)
+    tcp = torch.zeros(spec["steps"], len(labels), len(tcp_counters.FIELDS), dtype=torch.float64)
     windows = {k: [] for k in timed}  # mccl series: each timed step's [t0, t1] in the engine's clock
     if timed:
         import lightning_mccl  # clock_ns() and timeline(): the engine's clock and collective times
@@ -103,6 +104,7 @@ def worker(spec_path: str) -> int:
         for j in range(len(labels)):
             k = (i + j) % len(labels)
             sync()
+            tcp0 = tcp_counters.read()
             dist.barrier()
             t0, t0_ns = time.perf_counter(), clock_ns()
             opts[labels[k]].zero_grad(set_to_none=True)
@@ -112,11 +114,13 @@ def worker(spec_path: str) -> int:
             t1_ns = clock_ns()
             if i >= spec["warmup"]:
                 times[i - spec["warmup"], k] = time.perf_counter() - t0
+                tcp[i - spec["warmup"], k] = torch.tensor(tcp_counters.read(), dtype=torch.float64) - torch.tensor(tcp0)
                 if k in timed:
                     windows[k].append((t0_ns, t1_ns))
         if i == spec["warmup"] - 1 or i == total - 1:
             say(f"{world} ranks, batch {spec['batch']}: step {i + 1}/{total}")
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    dist_sum_over_hosts(tcp)  # every host's losses in the step (only the barrier's frames besides the step's)
     # each timed step's parts (ddp_timeline.py), the mean over the ranks
     parts = torch.zeros(spec["steps"], len(labels), len(ddp_timeline.PARTS), dtype=torch.float64)
     entries = lightning_mccl.timeline(groups["mccl"]) if timed else []
@@ -135,7 +139,8 @@ def worker(spec_path: str) -> int:
                "series": s.label, "backend": s.backend, "wire_dtype": s.wire, "hook": s.hook,
                "ddp_options": " ".join(f"{a}={b}" for a, b in s.ddp.items()),
                "env": " ".join(f"{a}={b}" for a, b in s.extra_env), "params": params,
-               "grad_bytes": grad_bytes, **summarize(times[:, k].tolist()), "compute_median_s": compute}
+               "grad_bytes": grad_bytes, **summarize(times[:, k].tolist()), "compute_median_s": compute,
+               **{f"tcp_{f}": int(v) for f, v in zip(tcp_counters.FIELDS, tcp[:, k].sum(0).tolist())}}
         if k in timed:
             row.update(ddp_timeline.summarize([dict(zip(ddp_timeline.PARTS, p.tolist())) for p in parts[:, k]]))
         if rank == 0 and s.backend != "none":
@@ -143,17 +148,18 @@ def worker(spec_path: str) -> int:
         rows.append(row)
     if rank == 0:
         with open(spec["result"], "w") as f:
-            json.dump({"rows": rows, "timeline_steps": _timeline_steps(series, timed, times, parts, world, spec)}, f)
+            json.dump({"rows": rows, "timeline_steps": _timeline_steps(series, timed, times, parts, tcp, world, spec)}, f)
     dist.barrier()
     dist.destroy_process_group()
     return 0
 
 
-def _timeline_steps(series, timed, times, parts, world: int, spec: dict) -> list:
-    """A row per timed step of each mccl series: its time (the slowest rank's) and its parts (the mean over
-    the ranks), so that a slow mode in the medians can be told apart."""
+def _timeline_steps(series, timed, times, parts, tcp, world: int, spec: dict) -> list:
+    """A row per timed step of each mccl series: its time (the slowest rank's), its parts (the mean over the
+    ranks) and the TCP losses of every host in it, so that a slow mode in the medians can be told apart."""
     return [{"world": world, "batch_per_rank": spec["batch"], "series": series[k].label, "step": i,
-             "time_s": float(times[i, k]), **{f"tl_{p}": float(v) for p, v in zip(ddp_timeline.PARTS, parts[i, k])}}
+             "time_s": float(times[i, k]), **{f"tl_{p}": float(v) for p, v in zip(ddp_timeline.PARTS, parts[i, k])},
+             **{f"tcp_{f}": int(v) for f, v in zip(tcp_counters.FIELDS, tcp[i, k].tolist())}}
             for k in sorted(timed) for i in range(spec["steps"])]
 
 

@@ -11,7 +11,7 @@ import statistics
 import sys
 import time
 from datetime import timedelta
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -46,6 +46,18 @@ def dist_min_reduce(t: torch.Tensor) -> None:
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
 
 
+def dist_sum_over_hosts(t: torch.Tensor) -> None:
+    """In place: the sum over hosts (network namespaces), through the default (control) group: of the ranks
+    that share a host (tcp_counters.host_id), only the first one's `t` counts."""
+    from . import tcp_counters
+
+    hosts = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, tcp_counters.host_id())
+    if hosts.index(hosts[dist.get_rank()]) != dist.get_rank():
+        t.zero_()
+    dist.all_reduce(t)
+
+
 # A timing covers back-to-back calls for at least this long (nccl-tests style), so that small collectives
 # are timed as a stream, not as one call racing the barrier's stragglers.
 BATCH_TARGET_S = 0.02
@@ -53,7 +65,9 @@ MAX_BATCH = 1000
 
 
 def interleaved_times(runs: Sequence[Tuple[Callable[[], None], Callable[[], None]]], *, warmup: int, iters: int,
-                      min_iters: int, budget_s: float, max_reduce: Callable = dist_max_reduce) -> List[List[float]]:
+                      min_iters: int, budget_s: float, max_reduce: Callable = dist_max_reduce,
+                      counters: Optional[Callable[[], Sequence[int]]] = None,
+                      counted: Optional[List[List[float]]] = None) -> List[List[float]]:
     """Times every run (fn, barrier) repetition by repetition, the runs taking turns within each repetition
     (rotating who goes first), so that a change in machine load hits all of them alike.
 
@@ -64,7 +78,8 @@ def interleaved_times(runs: Sequence[Tuple[Callable[[], None], Callable[[], None
     for it), which made the series placed after Gloo look slower than the same settings elsewhere. A
     repetition's time is the slowest rank's. The number of repetitions is `iters`, cut down to fit
     `budget_s` but never below `min_iters`; every rank agrees on the counts through `max_reduce`.
-    Returns times[k] for run k: seconds per call.
+    Returns times[k] for run k: seconds per call. With `counters` (e.g. tcp_counters.read), counted[k] gets
+    what they rose by over run k's timed batches (read outside the timing), this rank's own.
     """
     est = torch.full((len(runs),), float("inf"), dtype=torch.float64)
     for k, (fn, barrier) in enumerate(runs):
@@ -78,6 +93,8 @@ def interleaved_times(runs: Sequence[Tuple[Callable[[], None], Callable[[], None
     per_rep = sum(float(e) * b for e, b in zip(est, batch))
     n = max(min_iters, min(iters, int(budget_s / max(per_rep, 1e-9))))
     times = torch.zeros(n, len(runs), dtype=torch.float64)
+    if counted is not None:
+        counted[:] = [[0.0] * len(counters()) for _ in runs]
     for i in range(n):
         for j in range(len(runs)):
             k = (i + j) % len(runs)
@@ -86,11 +103,14 @@ def interleaved_times(runs: Sequence[Tuple[Callable[[], None], Callable[[], None
                 barrier()
                 for _ in range(max(1, batch[k] // 4)):
                     fn()
+            before = counters() if counted is not None else ()
             barrier()
             t0 = time.perf_counter()
             for _ in range(batch[k]):
                 fn()
             times[i, k] = (time.perf_counter() - t0) / batch[k]
+            if counted is not None:
+                counted[k] = [c + b - a for c, a, b in zip(counted[k], before, counters())]
     max_reduce(times)
     return [times[:, k].tolist() for k in range(len(runs))]
 

@@ -18,7 +18,8 @@ def test_sweep_writes_csv_markdown_and_plot(tmp_path):
     with open(out / "results.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     for col in ("op", "size_bytes", "series", "backend", "world", "iters", "time_median_s", "time_min_s",
-                "time_max_s", "algbw_gbps", "busbw_gbps", "speedup_vs_gloo", "max_rel_err", "correct"):
+                "time_max_s", "algbw_gbps", "busbw_gbps", "speedup_vs_gloo", "max_rel_err", "correct",
+                "tcp_retrans_segs", "tcp_rto_timeouts", "tcp_loss_probes", "tcp_zero_windows"):
         assert col in rows[0], col
     ops = ["allreduce", "allgather", "reduce_scatter", "broadcast", "reduce", "alltoall"]
     seen = {(r["op"], int(r["size_bytes"]), r["series"]) for r in rows}
@@ -26,6 +27,7 @@ def test_sweep_writes_csv_markdown_and_plot(tmp_path):
     for r in rows:
         assert r["correct"] == "yes" and float(r["max_rel_err"]) <= float(r["rtol"]), r
         assert r["world"] == "2" and 2 <= int(r["iters"]) <= 3, r
+        assert all(int(r[f"tcp_{c}"]) >= 0 for c in ("retrans_segs", "rto_timeouts", "loss_probes", "zero_windows")), r
         t_min, t_med, t_max = float(r["time_min_s"]), float(r["time_median_s"]), float(r["time_max_s"])
         assert 0 < t_min <= t_med <= t_max, r
         algbw = int(r["size_bytes"]) / t_med / 1e9

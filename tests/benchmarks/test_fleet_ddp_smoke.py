@@ -52,6 +52,8 @@ def test_fleet_ddp_writes_table_and_weights_agree(tmp_path):
     for s in steps:
         # each rank's parts add up to its own step, and the mean over ranks stays within the slowest rank's time
         assert 0 < sum(float(s[f"tl_{p}"]) for p in parts) <= float(s["time_s"]) * 1.01, s
+        assert all(int(s[f"tcp_{c}"]) >= 0 for c in ("retrans_segs", "rto_timeouts", "loss_probes", "zero_windows")), s
+    assert all(int(r["tcp_retrans_segs"]) >= 0 for r in rows.values())  # every series, Gloo's too
     md = (out / "results.md").read_text()
     assert "## Where the mccl steps go" in md
     assert "- model: vit_tiny_patch16_224, img 32, patch 8, depth 1, 10 classes" in md and "| 2 | 2 | mccl-bf16 |" in md

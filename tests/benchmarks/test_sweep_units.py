@@ -126,3 +126,19 @@ def test_timeline_latest_ready_is_the_max_over_ranks_and_a_lost_collective_fails
     assert ddp_timeline.latest_ready(entries, max_reduce, lambda t: None) == [3, 500, 70]
     with pytest.raises(ddp_timeline.TimelineIncomplete, match="MCCL_TIMELINE_ENTRIES is smaller"):
         ddp_timeline.latest_ready(entries[1:], max_reduce, lambda t: None)  # seq 0 was overwritten
+
+
+def test_tcp_counters_parse_proc_net_pairs(tmp_path, monkeypatch):
+    from sweep import tcp_counters
+
+    snmp = tmp_path / "snmp"
+    snmp.write_text("Ip: Forwarding DefaultTTL\nIp: 1 64\nTcp: RtoAlgorithm RetransSegs InErrs\nTcp: 1 17 0\n")
+    netstat = tmp_path / "netstat"
+    netstat.write_text("TcpExt: SyncookiesSent TCPTimeouts TCPLossProbes TCPToZeroWindowAdv\nTcpExt: 0 3 9 4\n")
+    monkeypatch.setattr(tcp_counters, "_SOURCES", ((str(snmp), "Tcp", "RetransSegs"),
+                                                   (str(netstat), "TcpExt", "TCPTimeouts"),
+                                                   (str(netstat), "TcpExt", "TCPLossProbes"),
+                                                   (str(netstat), "TcpExt", "TCPToZeroWindowAdv")))
+    assert tcp_counters.read() == (17, 3, 9, 4)
+    netstat.unlink()  # a system without the file (macOS): zeros, not an error
+    assert tcp_counters.read() == (17, 0, 0, 0)
