@@ -1,7 +1,6 @@
 #include "collective.h"
 
 #include <algorithm>
-#include <utility>
 
 #include "reduce.h"
 #include "reduce_pool.h"
@@ -44,20 +43,6 @@ WireBuffers::Entry* WireBuffers::find(const RequestPtr& request) {
 void WireBuffers::pass_on(const RequestPtr& from, RequestPtr to) {
   if (Entry* entry = find(from)) {
     entry->request = std::move(to);
-    entry->kept = false;
-  }
-}
-
-WireBuffers::Entry* WireBuffers::find_buffer(const char* buffer) {
-  for (auto it = in_use_.rbegin(); it != in_use_.rend(); ++it) {
-    if (it->bytes.data() == buffer) return &*it;
-  }
-  return nullptr;
-}
-
-void WireBuffers::hold_buffer(const char* buffer, RequestPtr request) {
-  if (Entry* entry = find_buffer(buffer)) {
-    entry->request = std::move(request);
     entry->kept = false;
   }
 }
@@ -135,7 +120,7 @@ RequestPtr Collective::send_narrowed(int peer, const void* data, char* narrowed,
                                      uint32_t step) {
   if (narrowed == nullptr) return send(peer, data, bytes, offset, step);
   RequestPtr request = transport_.post_send(peer, frame(offset, identity_.count, step), narrowed, wire_bytes(bytes));
-  wire_->hold_buffer(narrowed, request);
+  wire_->hold(request);  // the buffer wire_buffer() took last
   return request;
 }
 
@@ -143,94 +128,24 @@ void Collective::reduce(void* dst, const void* src, size_t count) const {
   reduce_into(dst, src, count, dtype(), op(), reduce_threads_);
 }
 
-namespace {
-
-constexpr size_t kTile = 4096;  // floats: 16 KiB, stays in L1 between the widen and the reduction
-
-// out[begin, begin + len) OP= the widened wire values of src there, then (if narrowed) narrowed into it:
-// tile by tile, one pass over memory.
-void widen_reduce_narrow(float* out, const char* src, char* narrowed, size_t begin, size_t len, DataType type,
-                         ReduceOp op) {
-  const size_t wire_size = dtype_size(type);
-  alignas(64) float tile[kTile];
-  for (size_t i = begin; i < begin + len; i += kTile) {
-    const size_t n = std::min(kTile, begin + len - i);
-    widen_to_float32(tile, src + i * wire_size, n, type, 1);
-    reduce_into(out + i, tile, n, DataType::kFloat32, op, 1);
-    if (narrowed) narrow_float32(narrowed + i * wire_size, out + i, n, type, 1);
-  }
-}
-
-}  // namespace
-
 void Collective::reduce_received(void* dst, const RequestPtr& received, size_t bytes, char* narrowed) {
   if (!compressed()) return reduce(dst, received->data, bytes / dtype_size(dtype()));
-  // Each thread takes whole tiles of the piece.
+  const DataType type = wire_type();
+  const size_t wire_size = dtype_size(type);
+  constexpr size_t kTile = 4096;  // floats: 16 KiB, stays in L1 between the widen and the reduction
+  const char* src = received->data;
+  float* out = static_cast<float*>(dst);
+  // Each thread takes whole tiles of the piece: widen, reduce, narrow, one pass over memory.
   run_parts(bytes / sizeof(float), kSplitConversionsFrom, kTile, reduce_threads_, [&](size_t begin, size_t len) {
-    widen_reduce_narrow(static_cast<float*>(dst), received->data, narrowed, begin, len, wire_type(), op());
+    alignas(64) float tile[kTile];
+    for (size_t i = begin; i < begin + len; i += kTile) {
+      const size_t n = std::min(kTile, begin + len - i);
+      widen_to_float32(tile, src + i * wire_size, n, type, 1);
+      reduce_into(out + i, tile, n, DataType::kFloat32, op(), 1);
+      if (narrowed) narrow_float32(narrowed + i * wire_size, out + i, n, type, 1);
+    }
   });
   wire_->release(received);
-}
-
-Collective::~Collective() { JobQueue::wait_idle(in_worker_); }
-
-size_t Collective::reductions_running() const {
-  size_t running = 0;
-  for (const auto& r : reductions_) running += r->done() ? 0 : 1;
-  return running;
-}
-
-void Collective::reduce_later(void* dst, const RequestPtr& received, size_t bytes, char* narrowed,
-                              std::function<void()> then) {
-  if (!pipelined()) {
-    reduce_received(dst, received, bytes, narrowed);
-    return then();
-  }
-  transport_.wait_until([&] {
-    run_finished_reductions();
-    return reductions_running() < reduce_threads_;
-  }, {}, deadline_);
-  auto r = std::make_unique<Reduction>();
-  r->received = received;
-  r->then = std::move(then);
-  if (bytes > 0) {
-    r->queued = true;
-    if (compressed())
-      r->job.run = [out = static_cast<float*>(dst), src = received->data, narrowed, count = bytes / sizeof(float),
-                    type = wire_type(), op = op()] { widen_reduce_narrow(out, src, narrowed, 0, count, type, op); };
-    else
-      r->job.run = [dst, src = received->data, count = bytes / dtype_size(dtype()), type = dtype(), op = op()] {
-        reduce_into(dst, src, count, type, op, 1);
-      };
-    r->job.notify = [transport = &transport_] { transport->wake(); };
-    r->job.in_worker = &in_worker_;
-  }
-  reductions_.push_back(std::move(r));
-  if (reductions_.back()->queued) JobQueue::instance().submit(&reductions_.back()->job);
-  run_finished_reductions();
-}
-
-void Collective::run_finished_reductions() {
-  while (!reductions_.empty() && reductions_.front()->done()) {
-    std::unique_ptr<Reduction> r = std::move(reductions_.front());
-    reductions_.pop_front();
-    wire_->release(r->received);
-    r->then();
-  }
-}
-
-void Collective::wait_reducing(const RequestPtr& request) {
-  transport_.wait_until([&] {
-    run_finished_reductions();
-    return request->done;
-  }, {request}, deadline_);
-}
-
-void Collective::finish_reductions() {
-  transport_.wait_until([&] {
-    run_finished_reductions();
-    return reductions_.empty();
-  }, {}, deadline_);
 }
 
 RequestPtr Collective::recv_counted(int peer, void* data, size_t bytes, uint64_t count, uint32_t step) {

@@ -2,16 +2,12 @@
 // deadline, and helpers that post its frames. Algorithms (algorithms/*.cc) only see this.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <deque>
-#include <functional>
-#include <memory>
 #include <vector>
 
 #include "config.h"
 #include "dtype.h"
-#include "job_queue.h"
 #include "transport/transport.h"
 #include "wire.h"
 
@@ -38,8 +34,6 @@ class WireBuffers {
     in_use_.back().request = std::move(request);
     in_use_.back().kept = kept;
   }
-  // hold() for the buffer take() returned as `buffer`, taken earlier than the last one.
-  void hold_buffer(const char* buffer, RequestPtr request);
   // The buffer `from` holds is held by `to` instead (a later request: a forward of what `from` received).
   void pass_on(const RequestPtr& from, RequestPtr to);
   void release(const RequestPtr& from);
@@ -52,7 +46,6 @@ class WireBuffers {
     bool kept = false;
   };
   Entry* find(const RequestPtr& request);  // the entry `request` holds, or null
-  Entry* find_buffer(const char* buffer);  // the entry of that buffer, or null
   std::deque<Entry> in_use_;  // in posting order: the oldest requests finish first
   std::vector<std::vector<char>> free_;
 };
@@ -64,9 +57,6 @@ class Collective {
              WireBuffers* wire, FrameHeader identity, Deadline deadline)
       : transport_(transport), config_(config), reduce_threads_(reduce_threads), scratch_(scratch), wire_(wire),
         identity_(identity), deadline_(deadline) {}
-  ~Collective();  // waits for reductions still running (reduce_later), e.g. when an error unwinds the ring
-  Collective(const Collective&) = delete;
-  Collective& operator=(const Collective&) = delete;
 
   int rank() const { return transport_.rank(); }
   int size() const { return transport_.size(); }
@@ -94,23 +84,8 @@ class Collective {
   // `narrowed` (from wire_buffer, or null): the result is also narrowed into it in the same pass, for
   // send_narrowed to send on (the reduce-scatter's forward of a partial sum).
   void reduce_received(void* dst, const RequestPtr& received, size_t bytes, char* narrowed = nullptr);
-  // reduce_received, pipelined (pipelined(): 16-bit pieces, compressed or bf16/fp16 tensors, with
-  // MCCL_REDUCE_THREADS > 1): the piece's widen-add(-narrow) runs whole on a worker of the job queue
-  // (job_queue.h), up to that many pieces at once, while this thread goes on receiving; `then` (which sends the
-  // result on) runs on this thread once the piece is done, in the order of the calls, from wait_reducing()
-  // and finish_reductions(). Otherwise reduce_received, then `then`, now. An uncompressed piece's `received`
-  // lands in scratch: finish_reductions() before posting another receive into the same place.
-  void reduce_later(void* dst, const RequestPtr& received, size_t bytes, char* narrowed, std::function<void()> then);
-  // Where a piece's element-wise work costs about as much as its receive: every value widened from 16 bits
-  // and narrowed again (a float32 piece is one add per element: not worth the hand-over).
-  bool pipelined() const {
-    return reduce_threads_ > 1 && (compressed() || dtype() == DataType::kBFloat16 || dtype() == DataType::kFloat16);
-  }
-  // wait(), running the `then` of the reductions that finish meanwhile.
-  void wait_reducing(const RequestPtr& request);
-  // Until every reduce_later is done and its `then` has run.
-  void finish_reductions();
-  // A wire buffer for `bytes` of float32 data; null when uncompressed. Post it with send_narrowed.
+  // A wire buffer for `bytes` of float32 data; null when uncompressed. Post it (send_narrowed) before the
+  // next wire_buffer or send.
   char* wire_buffer(size_t bytes);
   // send() of `data` (float32, `bytes`) whose wire form is already in `narrowed` (null: send `data`).
   RequestPtr send_narrowed(int peer, const void* data, char* narrowed, size_t bytes, uint64_t offset,
@@ -143,18 +118,6 @@ class Collective {
   size_t wire_bytes(size_t bytes) const { return bytes / sizeof(float) * dtype_size(wire_type()); }
   RequestPtr post_send(int peer, const FrameHeader& header, const void* data, size_t bytes);
   RequestPtr post_recv(int peer, const FrameHeader& header, void* data, size_t bytes, bool kept = false);
-  // A piece handed to the job queue: the job, the received payload it reads (released when it is done), and
-  // what runs after it. A piece without a job (empty) is done at once and only keeps its place in the order.
-  struct Reduction {
-    JobQueue::Job job;
-    bool queued = false;
-    RequestPtr received;
-    std::function<void()> then;
-    bool done() const { return !queued || job.done(); }
-  };
-
-  size_t reductions_running() const;
-  void run_finished_reductions();
 
   Transport& transport_;
   const Config& config_;
@@ -163,8 +126,6 @@ class Collective {
   WireBuffers* wire_;
   FrameHeader identity_;
   Deadline deadline_;
-  std::deque<std::unique_ptr<Reduction>> reductions_;  // reduce_later's, in call order
-  std::atomic<int> in_worker_{0};                      // their jobs not yet finished in a worker
 };
 
 }  // namespace mccl

@@ -1,8 +1,6 @@
 // Wire compression (MCCL_WIRE_DTYPE=bf16/fp16): results against a float64 reference within the documented
 // bound, every rank holding the same bits, the conversion kernels against a scalar reference, and a rank
 // that compresses while its peer does not failing with an error that names the setting.
-#include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <thread>
@@ -10,7 +8,6 @@
 
 #include "check.h"
 #include "collective.h"
-#include "job_queue.h"
 #include "local_world.h"
 #include "reduce.h"
 #include "reduce_pool.h"
@@ -215,100 +212,6 @@ TEST(compressed_ring_over_reduce_threads_equals_one_thread) {
     CHECK_MSG(std::fabs(by_threads[0][i] - exact) <= (world + 1) * unit_roundoff(DataType::kBFloat16) * magnitude * 1.01,
               "i %zu: got %g want %g", i, by_threads[0][i], exact);
   }
-}
-
-// With MCCL_REDUCE_THREADS > 1 the reduce-scatter hands each piece to the job queue (Collective::reduce_later),
-// several at once, and forwards them as they finish: the same pass per piece, so the same bits as one thread,
-// in every op built on that reduce-scatter (allreduce, reduce_scatter, reduce), on 4 ranks with many pieces;
-// and for a bf16 tensor (no compression), whose pieces land in two scratch slots that the 3 steps reuse.
-TEST(pipelined_reduce_scatter_equals_one_thread_in_every_reducing_op) {
-  const int world = 4;
-  const size_t count = 4 * 1000 + 3;  // 64-byte pieces: about 30 per ring segment, the last one short
-  std::vector<std::vector<float>> by_threads;
-  for (size_t threads : {size_t(1), size_t(3)}) {
-    Results results;
-    results.of_rank.resize(world);
-    Config config = compressed(DataType::kBFloat16, AlgoChoice::kRing);
-    config.reduce_threads = threads;
-    config.ring_lookahead_bytes = 1;  // two scratch slots for three steps
-    const uint64_t jobs_before = JobQueue::instance().completed();
-    auto errors = run_world(world, [&](int rank, Communicator& comm) {
-      std::vector<float> all(count), scattered(count / world), reduced(count);
-      for (size_t i = 0; i < count; ++i) all[i] = reduced[i] = input(rank, i);
-      comm.allreduce(all.data(), count, DataType::kFloat32, ReduceOp::kSum)->wait();
-      std::vector<float> rs_in(count - count % world);
-      for (size_t i = 0; i < rs_in.size(); ++i) rs_in[i] = input(rank + 10, i);
-      comm.reduce_scatter(rs_in.data(), rs_in.size() / world, DataType::kFloat32, ReduceOp::kAvg, scattered.data())
-          ->wait();
-      comm.reduce(reduced.data(), count, DataType::kFloat32, ReduceOp::kMax, 1)->wait();
-      std::vector<float> fresh(count);
-      for (size_t i = 0; i < count; ++i) fresh[i] = input(rank + 20, i);
-      std::vector<uint16_t> half(count);
-      narrow_float32(half.data(), fresh.data(), count, DataType::kBFloat16, 1);
-      comm.allreduce(half.data(), count, DataType::kBFloat16, ReduceOp::kSum)->wait();
-      std::vector<float> mine = all;
-      mine.resize(mine.size() + count);
-      widen_to_float32(mine.data() + count, half.data(), count, DataType::kBFloat16, 1);
-      mine.insert(mine.end(), scattered.begin(), scattered.end());
-      if (rank == 1) mine.insert(mine.end(), reduced.begin(), reduced.end());
-      std::lock_guard<std::mutex> lock(results.mu);
-      results.of_rank[rank] = std::move(mine);
-    }, std::chrono::seconds(60), config);
-    for (int r = 0; r < world; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
-    if (!errors[0].empty()) return;
-    for (int r = 2; r < world; ++r)
-      CHECK_MSG(std::equal(results.of_rank[r].begin(), results.of_rank[r].begin() + 2 * count, results.of_rank[0].begin()),
-                "%zu threads: rank %d's allreduces differ from rank 0's", threads, r);
-    const uint64_t jobs = JobQueue::instance().completed() - jobs_before;
-    if (threads == 1) CHECK_MSG(jobs == 0, "one thread still queued %llu jobs", static_cast<unsigned long long>(jobs));
-    // the allreduce alone: each rank reduces n-1 segments of about 30 pieces
-    else CHECK_MSG(jobs >= 3u * world * 25, "only %llu pieces went to the job queue", static_cast<unsigned long long>(jobs));
-    by_threads.push_back(results.of_rank[1]);
-  }
-  CHECK(by_threads[0].size() == by_threads[1].size());
-  CHECK_MSG(std::memcmp(by_threads[0].data(), by_threads[1].data(), by_threads[0].size() * sizeof(float)) == 0,
-            "pipelined pieces give other bits than one thread");
-  for (size_t i = 0; i < count; i += 97) {
-    double exact = 0, magnitude = 0, top = -1e30;
-    for (int r = 0; r < world; ++r)
-      exact += input(r, i), magnitude += std::fabs(input(r, i)), top = std::max<double>(top, input(r, i));
-    CHECK_MSG(std::fabs(by_threads[1][i] - exact) <= (world + 1) * unit_roundoff(DataType::kBFloat16) * magnitude * 1.01,
-              "allreduce i %zu: got %g want %g", i, by_threads[1][i], exact);
-    double half_sum = 0;
-    for (int r = 0; r < world; ++r) half_sum += input(r + 20, i);  // bf16 inputs and sums: looser, (n+1) roundings
-    CHECK_MSG(std::fabs(by_threads[1][count + i] - half_sum) <= 2 * (world + 1) * unit_roundoff(DataType::kBFloat16) * 4 * world,
-              "bf16 allreduce i %zu: got %g want %g", i, by_threads[1][count + i], half_sum);
-    const float max = by_threads[1][2 * count + count / world + i];
-    CHECK_MSG(std::fabs(max - top) <= 2 * unit_roundoff(DataType::kBFloat16) * std::fabs(top) * 1.01,
-              "reduce max i %zu: got %g want %g", i, max, top);
-  }
-}
-
-// A peer that dies while the pipelined reduce-scatter has pieces on the job queue: every other rank fails
-// fast, and only after its jobs are done with the buffers (the sanitizer builds check that).
-TEST(a_dead_peer_fails_the_pipelined_reduce_scatter_without_leaving_jobs_behind) {
-  Config config = compressed(DataType::kBFloat16, AlgoChoice::kRing, 4096);
-  config.reduce_threads = 3;
-  const size_t count = mccl_test::sized(size_t(1) << 20, size_t(1) << 17);
-  auto errors = run_world(3, [&](int rank, Communicator& comm) {
-    std::vector<float> buf(count, 1.0f);
-    comm.allreduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum)->wait();
-    if (rank == 2) {
-      comm.abort();  // closes its sockets, as a crashed process would
-      return;
-    }
-    const auto start = std::chrono::steady_clock::now();
-    std::string first;
-    try {
-      for (int k = 0; k < 3; ++k) comm.allreduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum)->wait();
-    } catch (const Error& e) {
-      first = e.what();
-    }
-    if (first.empty()) fail(Error::Kind::kInternal, "allreduce with a dead peer succeeded");
-    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(5))
-      fail(Error::Kind::kInternal, "took longer than 5 s to notice");
-  }, std::chrono::seconds(30), config);
-  for (int r = 0; r < 3; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
 }
 
 // A wire buffer is in use from take() on: one taken but not yet held by a request (wire_buffer() before

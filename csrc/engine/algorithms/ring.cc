@@ -19,12 +19,9 @@
 //
 // Wire compression (MCCL_WIRE_DTYPE): pieces travel as bf16/fp16 (MCCL_CHUNK_BYTES of them on the wire).
 // The reduce-scatter widens a received piece inside the reduction and narrows the partial sum for the next
-// hop in the same pass (tile by tile: each partial sum is rounded once per hop). With MCCL_REDUCE_THREADS > 1
-// that pass (and the reduction of bf16/fp16 tensors) runs on a worker of the job queue, up to that many pieces
-// at once (Collective::reduce_later), while this thread goes on receiving, and each piece is forwarded once its
-// pass is done, in piece order.
-// The all-gather first rounds this rank's own segment in place, then forwards each received piece as it came
-// (no second conversion), widening it into place, so every rank ends with the same bits.
+// hop in the same pass (tile by tile: each partial sum is rounded once per hop); the all-gather first rounds this rank's own segment
+// in place, then forwards each received piece as it came (no second conversion), widening it into place,
+// so every rank ends with the same bits.
 #include <algorithm>
 
 #include "../reduce.h"
@@ -94,20 +91,14 @@ void ring_reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32
     const Segment& seg = recv_seg(s);
     for (size_t p = 0; p < pieces.count(seg); ++p) {
       size_t at = pieces.begin(seg, p), len = pieces.length(seg, p);
-      c.wait_reducing(recvs[s][p]);
+      c.wait(recvs[s][p]);
       char* narrowed = s + 1 < steps ? c.wire_buffer(len) : nullptr;  // compressed: narrowed in the same pass
-      c.reduce_later(seg.data + at, recvs[s][p], len, narrowed, [&c, &sends, &seg, right, at, len, narrowed, s, steps,
-                                                                 step = step_base + s + 1] {
-        if (s + 1 < steps)
-          sends.push_back(c.send_narrowed(right, seg.data + at, narrowed, len, seg.offset + at, step));
-      });
+      c.reduce_received(seg.data + at, recvs[s][p], len, narrowed);
+      if (s + 1 < steps)
+        sends.push_back(c.send_narrowed(right, seg.data + at, narrowed, len, seg.offset + at, step_base + s + 1));
     }
-    if (s + slots < steps) {
-      if (scratch && c.pipelined()) c.finish_reductions();  // step s's pieces are still read from that slot
-      post_recvs(s + slots);
-    }
+    if (s + slots < steps) post_recvs(s + slots);
   }
-  c.finish_reductions();
   c.wait_all(sends);
 }
 

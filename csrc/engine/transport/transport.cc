@@ -110,27 +110,19 @@ void Transport::check_no_stray_frames(uint64_t seq) {
 void Transport::wait(const RequestPtr& request, Deadline deadline) { wait_all({request}, deadline); }
 
 void Transport::wait_all(const std::vector<RequestPtr>& requests, Deadline deadline) {
-  size_t next = 0;  // the requests before it are done
-  wait_until([&] {
-    while (next < requests.size() && requests[next]->done) ++next;
-    return next == requests.size();
-  }, requests, deadline);
-}
-
-void Transport::wait_until(const std::function<bool()>& done, const std::vector<RequestPtr>& pending,
-                           Deadline deadline) {
   const Deadline spin_until = spin_.count() > 0 ? Clock::now() + spin_ : Deadline{};
-  while (!done()) {
-    throw_if_failed();
-    const auto now = Clock::now();
-    if (now >= deadline) timeout(pending);
-    if (now >= spin_until) {
-      progress(ms_until(deadline, 1000));
-      continue;
+  for (const auto& request : requests) {
+    while (!request->done) {
+      throw_if_failed();
+      const auto now = Clock::now();
+      if (now >= deadline) timeout(requests);
+      if (now < spin_until) {
+        progress(0);
+        if (!request->done) std::this_thread::yield();
+      } else {
+        progress(ms_until(deadline, 1000));
+      }
     }
-    progress(0);
-    if (done()) return;
-    std::this_thread::yield();
   }
 }
 
@@ -143,7 +135,6 @@ void Transport::timeout(const std::vector<RequestPtr>& pending) {
     if (r->type == Request::Type::kSend) what += "sending to " + peer_name(r->peer);
     else what += "a message from " + (r->peer == kAnySource ? std::string("any rank") : peer_name(r->peer));
   }
-  if (what.empty()) what = "its own reductions of received pieces";
   fail_and_throw(Error(Error::Kind::kTimeout, "MCCL timeout: rank " + std::to_string(rank_) + " timed out in " +
                                                   context() + " waiting for " + what +
                                                   ". That peer is stopped, hung, or not calling the same collective."));

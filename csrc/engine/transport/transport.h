@@ -60,9 +60,6 @@ class Transport {
   // Progresses until the request(s) complete. Throws the fatal error, or kTimeout at the deadline.
   void wait(const RequestPtr& request, Deadline deadline);
   void wait_all(const std::vector<RequestPtr>& requests, Deadline deadline);
-  // The same until done() holds (called before every round, on this thread); `pending` are the requests
-  // the timeout's message names. Whatever else done() waits for must wake() the transport when it happens.
-  void wait_until(const std::function<bool()>& done, const std::vector<RequestPtr>& pending, Deadline deadline);
 
   // One round of I/O: blocks in poll() up to timeout_ms (-1: until something happens or wake()).
   void progress(int timeout_ms);
