@@ -238,7 +238,7 @@ def measure(op: str, size: int, series, runners: dict, max_reduce, rank: int, wo
                "series": s.label, "backend": s.backend, **summarize(times[k]),
                "max_rel_err": float(errors[k]), "rtol": rtol, "correct": "yes" if errors[k] <= rtol else "NO"}
         if sum_reduce:
-            row.update({f"tcp_{f}": int(v) for f, v in zip(tcp_counters.FIELDS, tcp[k].tolist())})
+            row.update(tcp_counters.columns(tcp[k].tolist()))
         rows.append(row)
         line.append(f"{s.label} {row['time_median_s'] * 1e6:.1f} us")
     say(f"{op} {report.human_size(bufs.size_bytes)}: " + ", ".join(line))

@@ -140,7 +140,7 @@ def worker(spec_path: str) -> int:
                "ddp_options": " ".join(f"{a}={b}" for a, b in s.ddp.items()),
                "env": " ".join(f"{a}={b}" for a, b in s.extra_env), "params": params,
                "grad_bytes": grad_bytes, **summarize(times[:, k].tolist()), "compute_median_s": compute,
-               **{f"tcp_{f}": int(v) for f, v in zip(tcp_counters.FIELDS, tcp[:, k].sum(0).tolist())}}
+               **tcp_counters.columns(tcp[:, k].sum(0).tolist())}
         if k in timed:
             row.update(ddp_timeline.summarize([dict(zip(ddp_timeline.PARTS, p.tolist())) for p in parts[:, k]]))
         if rank == 0 and s.backend != "none":
@@ -159,7 +159,7 @@ def _timeline_steps(series, timed, times, parts, tcp, world: int, spec: dict) ->
     ranks) and the TCP losses of every host in it, so that a slow mode in the medians can be told apart."""
     return [{"world": world, "batch_per_rank": spec["batch"], "series": series[k].label, "step": i,
              "time_s": float(times[i, k]), **{f"tl_{p}": float(v) for p, v in zip(ddp_timeline.PARTS, parts[i, k])},
-             **{f"tcp_{f}": int(v) for f, v in zip(tcp_counters.FIELDS, tcp[i, k].tolist())}}
+             **tcp_counters.columns(tcp[i, k].tolist())}
             for k in sorted(timed) for i in range(spec["steps"])]
 
 

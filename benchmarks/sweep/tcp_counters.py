@@ -13,7 +13,7 @@ file and every counter reads 0.
 from __future__ import annotations
 
 import os
-from typing import Dict, Tuple
+from typing import Dict, Iterable, Tuple
 
 FIELDS = ("retrans_segs", "rto_timeouts", "loss_probes", "zero_windows")
 _SOURCES = (("/proc/net/snmp", "Tcp", "RetransSegs"), ("/proc/net/netstat", "TcpExt", "TCPTimeouts"),
@@ -39,6 +39,11 @@ def read() -> Tuple[int, ...]:
     """The counters now, in FIELDS order (0 where this system does not report one)."""
     tables = {path: _table(path) for path in {s[0] for s in _SOURCES}}
     return tuple(tables[path].get((section, name), 0) for path, section, name in _SOURCES)
+
+
+def columns(values: Iterable[float]) -> Dict[str, int]:
+    """Counts in FIELDS order as result columns: tcp_retrans_segs, tcp_rto_timeouts, ..."""
+    return {f"tcp_{f}": int(v) for f, v in zip(FIELDS, values)}
 
 
 def host_id() -> int:
