@@ -66,7 +66,7 @@ RequestPtr Collective::post_send(int peer, const FrameHeader& header, const void
   return request;
 }
 
-RequestPtr Collective::post_recv(int peer, const FrameHeader& header, void* data, size_t bytes, bool kept) {
+RequestPtr Collective::post_recv(int peer, const FrameHeader& header, void* data, size_t bytes) {
   if (!compressed() || bytes == 0) return transport_.post_recv(peer, header, data, bytes);
   const size_t on_wire = wire_bytes(bytes);
   char* wire = wire_->take(on_wire);
@@ -75,7 +75,7 @@ RequestPtr Collective::post_recv(int peer, const FrameHeader& header, void* data
     if (!error) widen_to_float32(out, wire, count, type, threads);
   };
   RequestPtr request = transport_.post_recv(peer, header, wire, on_wire, widen);
-  wire_->hold(request, kept);
+  wire_->hold(request);
   return request;
 }
 
@@ -92,7 +92,20 @@ RequestPtr Collective::send_counted(int peer, const void* data, size_t bytes, ui
 }
 
 RequestPtr Collective::recv_to_forward(int peer, void* data, size_t bytes, uint64_t offset, uint32_t step) {
-  return post_recv(peer, frame(offset, identity_.count, step), data, bytes, /*kept=*/true);
+  const FrameHeader header = frame(offset, identity_.count, step);
+  if (!compressed() || bytes == 0) return transport_.post_recv(peer, header, data, bytes);
+  const size_t on_wire = wire_bytes(bytes);
+  RequestPtr request = transport_.post_recv(peer, header, wire_->take(on_wire), on_wire);
+  wire_->hold(request, /*kept=*/true);  // until forwarded or landed
+  return request;
+}
+
+// After a forward() of `received`, the forward holds the buffer, and nothing can take it back before this
+// returns: buffers are only recycled in take(), on this thread.
+void Collective::land(void* data, const RequestPtr& received, size_t bytes) {
+  if (!compressed() || bytes == 0) return;
+  widen_to_float32(static_cast<float*>(data), received->data, bytes / sizeof(float), wire_type(), reduce_threads_);
+  wire_->release(received);
 }
 
 RequestPtr Collective::forward(int peer, const RequestPtr& received, uint64_t offset, uint32_t step) {
@@ -128,21 +141,30 @@ void Collective::reduce(void* dst, const void* src, size_t count) const {
   reduce_into(dst, src, count, dtype(), op(), reduce_threads_);
 }
 
-void Collective::reduce_received(void* dst, const RequestPtr& received, size_t bytes, char* narrowed) {
-  if (!compressed()) return reduce(dst, received->data, bytes / dtype_size(dtype()));
+void Collective::reduce_piece(void* dst, const RequestPtr& received, size_t bytes, char* narrowed, bool final) {
+  const int divisor = final && op() == ReduceOp::kAvg ? size() : 1;
+  if (!compressed()) {
+    const size_t count = bytes / dtype_size(dtype());
+    reduce(dst, received->data, count);
+    if (divisor > 1) divide_by(dst, count, dtype(), divisor);
+    return;
+  }
   const DataType type = wire_type();
   const size_t wire_size = dtype_size(type);
   constexpr size_t kTile = 4096;  // floats: 16 KiB, stays in L1 between the widen and the reduction
   const char* src = received->data;
   float* out = static_cast<float*>(dst);
-  // Each thread takes whole tiles of the piece: widen, reduce, narrow, one pass over memory.
+  // Each thread takes whole tiles of the piece: widen, reduce (divide, narrow, round), one pass over memory.
   run_parts(bytes / sizeof(float), kSplitConversionsFrom, kTile, reduce_threads_, [&](size_t begin, size_t len) {
     alignas(64) float tile[kTile];
     for (size_t i = begin; i < begin + len; i += kTile) {
       const size_t n = std::min(kTile, begin + len - i);
       widen_to_float32(tile, src + i * wire_size, n, type, 1);
       reduce_into(out + i, tile, n, DataType::kFloat32, op(), 1);
-      if (narrowed) narrow_float32(narrowed + i * wire_size, out + i, n, type, 1);
+      if (divisor > 1) divide_by(out + i, n, DataType::kFloat32, divisor);
+      if (!narrowed) continue;
+      narrow_float32(narrowed + i * wire_size, out + i, n, type, 1);
+      if (final) widen_to_float32(out + i, narrowed + i * wire_size, n, type, 1);
     }
   });
   wire_->release(received);

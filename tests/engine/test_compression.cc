@@ -75,52 +75,61 @@ TEST(conversion_kernels_match_scalar_rounding) {
 
 TEST(compressed_allreduce_is_bounded_and_identical_on_every_rank) {
   // Small counts in 64-byte pieces (several per ring segment); 40000 floats through the ring in 16 KiB pieces
-  // (8192 compressed floats, longer than the widening tile). One world per piece size runs all its counts.
+  // (8192 compressed floats, longer than the widening tile). One world per piece size runs all its counts,
+  // each as SUM and as AVG (which the ring divides inside its last reduce-scatter step).
   struct Batch {
     size_t chunk_bytes;
     std::vector<size_t> counts;
     bool ring_only;
   };
   const Batch batches[] = {{64, {1, 7, 1000}, false}, {16384, {40000}, true}};
+  const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg};
   for (DataType wire : {DataType::kBFloat16, DataType::kFloat16}) {
     for (AlgoChoice algo : {AlgoChoice::kRing, AlgoChoice::kRecursiveDoubling}) {
       for (int world : {2, 3, 4, 5}) {
         for (const Batch& batch : batches) {
           if (batch.ring_only && algo != AlgoChoice::kRing) continue;
-          std::vector<Results> results(batch.counts.size());
+          const size_t calls = batch.counts.size() * 2;  // call k: count k / 2, ops[k % 2]
+          std::vector<Results> results(calls);
           for (Results& r : results) r.of_rank.resize(world);
           auto errors = run_world(world, [&](int rank, Communicator& comm) {
-            for (size_t k = 0; k < batch.counts.size(); ++k) {
-              const size_t count = batch.counts[k];
+            for (size_t k = 0; k < calls; ++k) {
+              const size_t count = batch.counts[k / 2];
               std::vector<float> buf(count);
               for (size_t i = 0; i < count; ++i) buf[i] = input(rank, i);
-              comm.allreduce(buf.data(), count, DataType::kFloat32, ReduceOp::kSum)->wait();
+              comm.allreduce(buf.data(), count, DataType::kFloat32, ops[k % 2])->wait();
               std::lock_guard<std::mutex> lock(results[k].mu);
               results[k].of_rank[rank] = buf;
             }
           }, std::chrono::seconds(30), compressed(wire, algo, batch.chunk_bytes));
           for (int r = 0; r < world; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
           if (!errors[0].empty()) continue;
-          for (size_t k = 0; k < batch.counts.size(); ++k) {
-            const size_t count = batch.counts[k];
+          for (size_t k = 0; k < calls; ++k) {
+            const size_t count = batch.counts[k / 2];
+            const bool avg = ops[k % 2] == ReduceOp::kAvg;
             const auto& of_rank = results[k].of_rank;
             // Each partial sum is rounded at most once per hop (n-1 in the reduce-scatter or log2 steps, plus
-            // the inputs and the final rounding): error <= (n+1) u sum|x_i| to first order.
+            // the inputs and the final rounding): error <= (n+1) u sum|x_i| to first order. AVG divides that
+            // sum by n (the ring before its final rounding): (n+1) u sum|x_i| / n, plus one rounding of it.
             const double u = unit_roundoff(wire);
             for (size_t i = 0; i < count; ++i) {
               double exact = 0, magnitude = 0;
               for (int r = 0; r < world; ++r) exact += input(r, i), magnitude += std::fabs(input(r, i));
+              if (avg) exact /= world, magnitude /= world;
               float got = of_rank[0][i], as_wire = got;
               round_float32_through(&as_wire, 1, wire);
-              CHECK_MSG(got == as_wire, "%s world %d: result %g is not a %s value: the wire was not compressed",
+              // (recursive doubling divides each rank's rounded sum at the end, off the wire's grid)
+              CHECK_MSG(avg || got == as_wire, "%s world %d: result %g is not a %s value: the wire was not compressed",
                         dtype_name(wire), world, got, dtype_name(wire));
               double err = std::fabs(got - exact);
-              CHECK_MSG(err <= (world + 1) * u * magnitude * 1.01, "%s world %d count %zu i %zu: got %g want %g",
-                        dtype_name(wire), world, count, i, of_rank[0][i], exact);
+              CHECK_MSG(err <= (world + (avg ? 2 : 1)) * u * magnitude * 1.01,
+                        "%s %s world %d count %zu i %zu: got %g want %g", dtype_name(wire), avg ? "avg" : "sum",
+                        world, count, i, of_rank[0][i], exact);
             }
             for (int r = 1; r < world; ++r)
               CHECK_MSG(std::memcmp(of_rank[r].data(), of_rank[0].data(), count * sizeof(float)) == 0,
-                        "%s world %d count %zu: rank %d differs from rank 0", dtype_name(wire), world, count, r);
+                        "%s %s world %d count %zu: rank %d differs from rank 0", dtype_name(wire),
+                        avg ? "avg" : "sum", world, count, r);
           }
         }
       }

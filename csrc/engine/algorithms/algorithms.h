@@ -14,6 +14,9 @@ namespace mccl {
 void ring_reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32_t step_base);
 // On entry segs[rank] holds this rank's part; on return every segs[k] holds rank k's part.
 void ring_allgather(Collective& c, const std::vector<Segment>& segs, uint32_t step_base);
+// The two in one (steps 0..n-2, then n-1..2n-3): on return every segs[k] holds the reduction of all
+// ranks' segs[k] (divided by size() for AVG).
+void ring_allreduce(Collective& c, const std::vector<Segment>& segs);
 // Splits `bytes` into size() segments of whole elements, as evenly as possible (the first ones get
 // one more element), with logical offsets starting at 0.
 std::vector<Segment> even_segments(char* data, size_t count, size_t element_size, int parts);

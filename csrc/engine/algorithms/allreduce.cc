@@ -22,14 +22,7 @@ void allreduce(Collective& c, void* buf, size_t count) {
 }
 
 void allreduce_ring(Collective& c, void* buf, size_t count) {
-  const size_t esize = dtype_size(c.dtype());
-  auto segs = even_segments(static_cast<char*>(buf), count, esize, c.size());
-  ring_reduce_scatter(c, segs, 0);
-  if (c.op() == ReduceOp::kAvg) {
-    const Segment& own = segs[c.rank()];
-    divide_by(own.data, own.bytes / esize, c.dtype(), c.size());
-  }
-  ring_allgather(c, segs, static_cast<uint32_t>(c.size() - 1));
+  ring_allreduce(c, even_segments(static_cast<char*>(buf), count, dtype_size(c.dtype()), c.size()));
 }
 
 // Recursive doubling with the standard fold for non-powers of two. Let p be the largest power of two

@@ -17,11 +17,17 @@
 // All-gather schedule: at step s rank r sends segment (r-s) and receives segment (r-s-1) straight
 // into its final place (zero-copy); a received piece is forwarded at step s+1 from where it landed.
 //
+// Allreduce: the reduce-scatter, then the all-gather, with no seam between them. In the reduce-scatter's
+// last step rank r receives the last contribution to its own segment, piece by piece, and each piece is
+// final once reduced: it is divided (AVG) and sent on as the all-gather's step 0 at once, while the next
+// pieces are still arriving. The all-gather's receives are posted just before that step.
+//
 // Wire compression (MCCL_WIRE_DTYPE): pieces travel as bf16/fp16 (MCCL_CHUNK_BYTES of them on the wire).
 // The reduce-scatter widens a received piece inside the reduction and narrows the partial sum for the next
-// hop in the same pass (tile by tile: each partial sum is rounded once per hop); the all-gather first rounds this rank's own segment
-// in place, then forwards each received piece as it came (no second conversion), widening it into place,
-// so every rank ends with the same bits.
+// hop in the same pass (tile by tile: each partial sum is rounded once per hop). Data a rank keeps and also
+// sends is rounded through the wire type in place (the allreduce's final pieces in that same pass, the
+// all-gather's own segment before it starts). The all-gather forwards each received piece as it came (no
+// second conversion), then widens it into place, so every rank ends with the same bits.
 #include <algorithm>
 
 #include "../reduce.h"
@@ -54,9 +60,70 @@ std::vector<Segment> even_segments(char* data, size_t count, size_t element_size
   return segs;
 }
 
-void ring_reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32_t step_base) {
+namespace {
+
+// The all-gather's half of the ring, in three parts, so that an allreduce can start it inside its
+// reduce-scatter: post every receive, send this rank's own segment piece by piece (each one final and,
+// compressed, already rounded), then forward what arrives.
+class Allgather {
+ public:
+  Allgather(Collective& c, const std::vector<Segment>& segs, uint32_t step_base)
+      : c_(c), segs_(segs), step_base_(step_base), n_(c.size()), r_(c.rank()), right_(wrap(r_ + 1, n_)),
+        left_(wrap(r_ - 1, n_)), steps_(n_ - 1), pieces_{c.piece_bytes(dtype_size(c.dtype()))}, recvs_(steps_) {}
+
+  const Segment& own() const { return segs_[r_]; }
+  const Pieces& pieces() const { return pieces_; }
+
+  // Every receive, straight into its final place (zero-copy; compressed, into wire buffers kept to forward).
+  void post_recvs() {
+    for (int s = 0; s < steps_; ++s) {
+      const Segment& seg = arriving(s);
+      for (size_t p = 0; p < pieces_.count(seg); ++p) {
+        size_t at = pieces_.begin(seg, p);
+        recvs_[s].push_back(
+            c_.recv_to_forward(left_, seg.data + at, pieces_.length(seg, p), seg.offset + at, step_base_ + s));
+      }
+    }
+  }
+
+  // Piece p of this rank's own segment, which holds its final value (`narrowed`: its wire form, or null).
+  void send_own(size_t p, char* narrowed) {
+    const size_t at = pieces_.begin(own(), p);
+    sends_.push_back(c_.send_narrowed(right_, own().data + at, narrowed, pieces_.length(own(), p),
+                                      own().offset + at, step_base_));
+  }
+
+  // Each piece is forwarded as it came, then (compressed) widened into its place.
+  void finish() {
+    for (int s = 0; s < steps_; ++s) {
+      const Segment& seg = arriving(s);
+      for (size_t p = 0; p < pieces_.count(seg); ++p) {
+        const size_t at = pieces_.begin(seg, p);
+        c_.wait(recvs_[s][p]);
+        if (s + 1 < steps_) sends_.push_back(c_.forward(right_, recvs_[s][p], seg.offset + at, step_base_ + s + 1));
+        c_.land(seg.data + at, recvs_[s][p], pieces_.length(seg, p));
+      }
+    }
+    c_.wait_all(sends_);
+  }
+
+ private:
+  const Segment& arriving(int s) const { return segs_[wrap(r_ - s - 1, n_)]; }
+
+  Collective& c_;
+  const std::vector<Segment>& segs_;
+  const uint32_t step_base_;
+  const int n_, r_, right_, left_, steps_;
+  const Pieces pieces_;
+  std::vector<std::vector<RequestPtr>> recvs_;
+  std::vector<RequestPtr> sends_;
+};
+
+// The reduce-scatter's schedule (top of this file). With `then`, this rank's own segment is final piece by
+// piece in the last step, and each piece goes on at once as the all-gather's first (`then` has posted its
+// receives by then, after every receive of this one, so that frames meet receives in the order they come).
+void reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32_t step_base, Allgather* then) {
   const int n = c.size(), r = c.rank();
-  if (n == 1) return;
   const int right = wrap(r + 1, n), left = wrap(r - 1, n), steps = n - 1;
   const size_t esize = dtype_size(c.dtype());
   const Pieces pieces{c.piece_bytes(esize)};
@@ -88,51 +155,52 @@ void ring_reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32
     sends.push_back(c.send(right, seg.data + at, pieces.length(seg, p), seg.offset + at, step_base));
   }
   for (int s = 0; s < steps; ++s) {
+    const bool last = s + 1 == steps;
+    if (last && then) then->post_recvs();
     const Segment& seg = recv_seg(s);
     for (size_t p = 0; p < pieces.count(seg); ++p) {
       size_t at = pieces.begin(seg, p), len = pieces.length(seg, p);
       c.wait(recvs[s][p]);
-      char* narrowed = s + 1 < steps ? c.wire_buffer(len) : nullptr;  // compressed: narrowed in the same pass
-      c.reduce_received(seg.data + at, recvs[s][p], len, narrowed);
-      if (s + 1 < steps)
+      // Compressed, what goes on is narrowed in the same pass.
+      char* narrowed = !last || then ? c.wire_buffer(len) : nullptr;
+      if (!last) {
+        c.reduce_received(seg.data + at, recvs[s][p], len, narrowed);
         sends.push_back(c.send_narrowed(right, seg.data + at, narrowed, len, seg.offset + at, step_base + s + 1));
+      } else if (then) {
+        c.reduce_final(seg.data + at, recvs[s][p], len, narrowed);
+        then->send_own(p, narrowed);
+      } else {
+        c.reduce_received(seg.data + at, recvs[s][p], len);
+      }
     }
     if (s + slots < steps) post_recvs(s + slots);
   }
   c.wait_all(sends);
 }
 
-void ring_allgather(Collective& c, const std::vector<Segment>& segs, uint32_t step_base) {
-  const int n = c.size(), r = c.rank();
-  if (n == 1) return;
-  const int right = wrap(r + 1, n), left = wrap(r - 1, n), steps = n - 1;
-  const Pieces pieces{c.piece_bytes(dtype_size(c.dtype()))};
+}  // namespace
 
-  std::vector<std::vector<RequestPtr>> recvs(steps);
-  std::vector<RequestPtr> sends;
-  for (int s = 0; s < steps; ++s) {
-    const Segment& seg = segs[wrap(r - s - 1, n)];
-    for (size_t p = 0; p < pieces.count(seg); ++p) {
-      size_t at = pieces.begin(seg, p);
-      recvs[s].push_back(c.recv_to_forward(left, seg.data + at, pieces.length(seg, p), seg.offset + at,
-                                           step_base + s));
-    }
-  }
-  const Segment& own = segs[r];
-  c.round_to_wire(own.data, own.bytes);  // this rank keeps what the others receive
-  for (size_t p = 0; p < pieces.count(own); ++p) {
-    size_t at = pieces.begin(own, p);
-    sends.push_back(c.send(right, own.data + at, pieces.length(own, p), own.offset + at, step_base));
-  }
-  for (int s = 0; s < steps; ++s) {
-    const Segment& seg = segs[wrap(r - s - 1, n)];
-    for (size_t p = 0; p < pieces.count(seg); ++p) {
-      c.wait(recvs[s][p]);
-      size_t at = pieces.begin(seg, p);
-      if (s + 1 < steps) sends.push_back(c.forward(right, recvs[s][p], seg.offset + at, step_base + s + 1));
-    }
-  }
-  c.wait_all(sends);
+void ring_reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32_t step_base) {
+  if (c.size() > 1) reduce_scatter(c, segs, step_base, nullptr);
+}
+
+void ring_allgather(Collective& c, const std::vector<Segment>& segs, uint32_t step_base) {
+  if (c.size() == 1) return;
+  Allgather gather(c, segs, step_base);
+  gather.post_recvs();
+  c.round_to_wire(gather.own().data, gather.own().bytes);  // this rank keeps what the others receive
+  for (size_t p = 0; p < gather.pieces().count(gather.own()); ++p) gather.send_own(p, nullptr);
+  gather.finish();
+}
+
+// The all-gather starts inside the reduce-scatter: the last step's pieces go on as soon as each is
+// reduced (divided for AVG, and rounded), with no pass over the segment and no drain between the halves.
+void ring_allreduce(Collective& c, const std::vector<Segment>& segs) {
+  const int n = c.size();
+  if (n == 1) return;
+  Allgather gather(c, segs, static_cast<uint32_t>(n - 1));
+  reduce_scatter(c, segs, 0, &gather);
+  gather.finish();
 }
 
 }  // namespace mccl
