@@ -30,11 +30,16 @@ LIGHTNING_OLDEST_TESTS ?= tests/lightning/test_strategy_fits.py tests/lightning/
   tests/recipes/test_vit_recipe.py::test_checkpoint_path_loads_backbone_and_makes_a_new_head
 
 .PHONY: demo bench bench-fleet reliability test test-engine test-sanitize test-tsan test-python test-lightning-oldest \
-  build clean fuzz check-macos test-arm64
+  build build-engine build-sanitize clean fuzz check-macos test-arm64
 
-$(VENV)/.deps: pyproject.toml Makefile
+# The build tools alone (.tools: the engine and the cross builds need nothing more), then torch and the rest.
+$(VENV)/.tools: Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q "$(TORCH_SPEC)" "$(TORCHVISION_SPEC)" ninja cmake "setuptools>=64" wheel ziglang
+	$(PY) -m pip install -q ninja cmake "setuptools>=64" wheel ziglang
+	touch $@
+
+$(VENV)/.deps: $(VENV)/.tools pyproject.toml
+	$(PY) -m pip install -q "$(TORCH_SPEC)" "$(TORCHVISION_SPEC)"
 	MCCL_SKIP_EXT=1 $(PY) -m pip install -q --no-build-isolation -e ".[lightning,test,bench]"
 	touch $@
 
@@ -65,34 +70,42 @@ reliability: build
 	$(PY) benchmarks/faults.py --out runs/faults.json
 	$(PY) benchmarks/soak.py --out runs/soak.json
 
-test-engine: $(VENV)/.deps
-	$(CMAKE) -S . -B build/engine $(CMAKE_FLAGS) > /dev/null
-	$(CMAKE) --build build/engine
+test-engine: build-engine
 	$(BIN)/ctest --test-dir build/engine --output-on-failure -j $(CTEST_JOBS)
 
 # The sanitizer build runs every case on the smaller buffers of MCCL_TEST_QUICK (the same code paths, the
 # threaded reduction included); test-engine runs the full sizes.
-test-sanitize: $(VENV)/.deps
+test-sanitize: build-sanitize
+	MCCL_TEST_QUICK=1 $(BIN)/ctest --test-dir build/asan --output-on-failure -j $(CTEST_JOBS)
+
+build-engine: $(VENV)/.tools
+	$(CMAKE) -S . -B build/engine $(CMAKE_FLAGS) > /dev/null
+	$(CMAKE) --build build/engine
+
+build-sanitize: $(VENV)/.tools
 	$(CMAKE) -S . -B build/asan $(CMAKE_FLAGS) \
 	  -DCMAKE_BUILD_TYPE=Debug -DMCCL_SANITIZE=address,undefined > /dev/null
 	$(CMAKE) --build build/asan
-	MCCL_TEST_QUICK=1 $(BIN)/ctest --test-dir build/asan --output-on-failure -j $(CTEST_JOBS)
 
-test-tsan: $(VENV)/.deps
+test-tsan: $(VENV)/.tools
 	$(CMAKE) -S . -B build/tsan $(CMAKE_FLAGS) \
 	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMCCL_SANITIZE=thread > /dev/null
 	$(CMAKE) --build build/tsan
 	$(BIN)/ctest --test-dir build/tsan --output-on-failure
 
+# pytest in PYTEST_WORKERS processes (pytest-xdist), each test file in one of them: on 2 cores the suite's
+# ranks leave a third of the CPU idle alone (620 s), 478 s in 2 workers (docs/testing.md).
+PYTEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 test-python: build
-	$(PY) -m pytest tests -q --durations=20
+	$(PYTEST) tests --durations=20
 
 $(LIGHTNING_OLDEST_DIR): $(VENV)/.deps
 	$(PY) -m pip install -q --no-deps --upgrade --target $@ "lightning==$(LIGHTNING_OLDEST)"
 
 test-lightning-oldest: build $(LIGHTNING_OLDEST_DIR)
 	PYTHONPATH=$(LIGHTNING_OLDEST_DIR) $(PY) -c "import lightning as L; assert L.__version__ == '$(LIGHTNING_OLDEST)', L.__file__"
-	PYTHONPATH=$(LIGHTNING_OLDEST_DIR) $(PY) -m pytest -q $(LIGHTNING_OLDEST_TESTS)
+	PYTHONPATH=$(LIGHTNING_OLDEST_DIR) $(PYTEST) $(LIGHTNING_OLDEST_TESTS)
 
 
 # Built for the Mac without a Mac (docs/cross_builds.md), with zig. check-macos compiles and links the
@@ -102,19 +115,22 @@ test-lightning-oldest: build $(LIGHTNING_OLDEST_DIR)
 # reduction kernels are NEON code, and builds and runs test_reduce, test_collectives and test_metal_arith under
 # qemu-user (installed with apt-get when missing and root).
 MACOS_TORCH_VERSION ?= 2.9.1
-check-macos: $(VENV)/.deps
+check-macos: $(VENV)/.tools
 	$(PY) tools/cross.py macos --torch-version $(MACOS_TORCH_VERSION)
 
-test-arm64: $(VENV)/.deps
+test-arm64: $(VENV)/.tools
 	command -v qemu-aarch64-static > /dev/null || [ "$$(id -u)" != 0 ] || \
 	  { apt-get update -q > /dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q qemu-user-static > /dev/null; }
 	$(PY) tools/cross.py arm64
 
 
-# The cross builds are single-threaded (zig), so the two run side by side; the pytest suite runs alone, since
-# its multi-process tests share the machine's cores.
-test: test-engine test-sanitize
-	$(MAKE) -j2 check-macos test-arm64
+# In three stages, each filling the cores (about 19 min before, 2 cores: docs/testing.md). First, everything
+# that builds: torch's install (one core, mostly) beside the engine's builds and the cross builds (zig builds
+# libc++ for each target first, on one core each: 95 and 130 s). Then the engine's tests, which mostly wait
+# on their timeouts, beside the torch binding's build. Then pytest, in its workers.
+test: $(VENV)/.tools
+	$(MAKE) -j4 $(VENV)/.deps build-engine build-sanitize check-macos test-arm64
+	$(MAKE) -j3 test-engine test-sanitize build
 	$(MAKE) test-python test-lightning-oldest
 
 # libFuzzer on the handshake / frame parsers (needs clang: apt-get install clang). Not part of `make test`
