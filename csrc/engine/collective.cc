@@ -66,7 +66,7 @@ RequestPtr Collective::post_send(int peer, const FrameHeader& header, const void
   return request;
 }
 
-RequestPtr Collective::post_recv(int peer, const FrameHeader& header, void* data, size_t bytes) {
+RequestPtr Collective::post_recv(int peer, const FrameHeader& header, void* data, size_t bytes, bool kept) {
   if (!compressed() || bytes == 0) return transport_.post_recv(peer, header, data, bytes);
   const size_t on_wire = wire_bytes(bytes);
   char* wire = wire_->take(on_wire);
@@ -75,7 +75,7 @@ RequestPtr Collective::post_recv(int peer, const FrameHeader& header, void* data
     if (!error) widen_to_float32(out, wire, count, type, threads);
   };
   RequestPtr request = transport_.post_recv(peer, header, wire, on_wire, widen);
-  wire_->hold(request);
+  wire_->hold(request, kept);
   return request;
 }
 
@@ -92,20 +92,7 @@ RequestPtr Collective::send_counted(int peer, const void* data, size_t bytes, ui
 }
 
 RequestPtr Collective::recv_to_forward(int peer, void* data, size_t bytes, uint64_t offset, uint32_t step) {
-  const FrameHeader header = frame(offset, identity_.count, step);
-  if (!compressed() || bytes == 0) return transport_.post_recv(peer, header, data, bytes);
-  const size_t on_wire = wire_bytes(bytes);
-  RequestPtr request = transport_.post_recv(peer, header, wire_->take(on_wire), on_wire);
-  wire_->hold(request, /*kept=*/true);  // until forwarded or landed
-  return request;
-}
-
-// After a forward() of `received`, the forward holds the buffer, and nothing can take it back before this
-// returns: buffers are only recycled in take(), on this thread.
-void Collective::land(void* data, const RequestPtr& received, size_t bytes) {
-  if (!compressed() || bytes == 0) return;
-  widen_to_float32(static_cast<float*>(data), received->data, bytes / sizeof(float), wire_type(), reduce_threads_);
-  wire_->release(received);
+  return post_recv(peer, frame(offset, identity_.count, step), data, bytes, /*kept=*/true);
 }
 
 RequestPtr Collective::forward(int peer, const RequestPtr& received, uint64_t offset, uint32_t step) {

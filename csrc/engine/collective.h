@@ -75,12 +75,8 @@ class Collective {
   // payload goes on as it came, not widened and narrowed again (nor rounded twice).
   // `received` must come from recv_to_forward.
   RequestPtr forward(int peer, const RequestPtr& received, uint64_t offset, uint32_t step);
-  // recv() whose payload stays available to forward() (compressed: its wire buffer is kept, and the float32
-  // values reach `data` only through land(), after the forward is posted).
+  // recv() whose payload stays available to forward() (compressed: its wire buffer is kept).
   RequestPtr recv_to_forward(int peer, void* data, size_t bytes, uint64_t offset, uint32_t step);
-  // Compressed: widens what `received` (a finished recv_to_forward) brought into `data`, its `bytes` of
-  // float32, and lets its wire buffer go unless a forward holds it. Uncompressed: it landed there already.
-  void land(void* data, const RequestPtr& received, size_t bytes);
   // A receive whose payload reduce_received() then folds into the caller's buffer. Uncompressed it lands
   // in `landing`; compressed it stays in a wire buffer and is widened tile by tile inside the reduction
   // (one pass over memory, not a float32 copy first), and `landing` is not used (null will do).
@@ -129,7 +125,7 @@ class Collective {
   DataType wire_type() const { return static_cast<DataType>(identity_.wire_dtype); }
   size_t wire_bytes(size_t bytes) const { return bytes / sizeof(float) * dtype_size(wire_type()); }
   RequestPtr post_send(int peer, const FrameHeader& header, const void* data, size_t bytes);
-  RequestPtr post_recv(int peer, const FrameHeader& header, void* data, size_t bytes);
+  RequestPtr post_recv(int peer, const FrameHeader& header, void* data, size_t bytes, bool kept = false);
   void reduce_piece(void* dst, const RequestPtr& received, size_t bytes, char* narrowed, bool final);
 
   Transport& transport_;

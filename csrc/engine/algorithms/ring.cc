@@ -26,8 +26,8 @@
 // The reduce-scatter widens a received piece inside the reduction and narrows the partial sum for the next
 // hop in the same pass (tile by tile: each partial sum is rounded once per hop). Data a rank keeps and also
 // sends is rounded through the wire type in place (the allreduce's final pieces in that same pass, the
-// all-gather's own segment before it starts). The all-gather forwards each received piece as it came (no
-// second conversion), then widens it into place, so every rank ends with the same bits.
+// all-gather's own segment before it starts). The all-gather widens each received piece into place as it
+// arrives and forwards it as it came (no second conversion), so every rank ends with the same bits.
 #include <algorithm>
 
 #include "../reduce.h"
@@ -93,7 +93,7 @@ class Allgather {
                                       own().offset + at, step_base_));
   }
 
-  // Each piece is forwarded as it came, then (compressed) widened into its place.
+  // Each piece is forwarded as it came (compressed, it was widened into its place when it arrived).
   void finish() {
     for (int s = 0; s < steps_; ++s) {
       const Segment& seg = arriving(s);
@@ -101,7 +101,6 @@ class Allgather {
         const size_t at = pieces_.begin(seg, p);
         c_.wait(recvs_[s][p]);
         if (s + 1 < steps_) sends_.push_back(c_.forward(right_, recvs_[s][p], seg.offset + at, step_base_ + s + 1));
-        c_.land(seg.data + at, recvs_[s][p], pieces_.length(seg, p));
       }
     }
     c_.wait_all(sends_);
