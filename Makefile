@@ -30,7 +30,7 @@ LIGHTNING_OLDEST_TESTS ?= tests/lightning/test_strategy_fits.py tests/lightning/
   tests/recipes/test_vit_recipe.py::test_checkpoint_path_loads_backbone_and_makes_a_new_head
 
 .PHONY: demo bench bench-fleet reliability test test-engine test-sanitize test-tsan test-python test-lightning-oldest \
-  build build-engine build-sanitize clean fuzz check-macos test-arm64
+  build build-engine build-sanitize clean fuzz check-macos test-arm64 cross-toolchains
 
 # The build tools alone (.tools: the engine and the cross builds need nothing more), then torch and the rest.
 $(VENV)/.tools: Makefile
@@ -124,14 +124,18 @@ test-arm64: $(VENV)/.tools
 	$(PY) tools/cross.py arm64
 
 
-# In three stages, each filling the cores (about 19 min before, 2 cores: docs/testing.md). First, everything
-# that builds: torch's install (one core, mostly) beside the engine's builds and the cross builds (zig builds
-# libc++ for each target first, on one core each: 95 and 130 s). Then the engine's tests, which mostly wait
-# on their timeouts, beside the torch binding's build. Then pytest, in its workers.
+# Torch's install leaves a core idle: zig builds its C++ runtime for the two cross targets beside it (95 and
+# 130 s on one core each, which the cross builds would otherwise spend first). The rest runs alone, stage by
+# stage: the engine's tests have heartbeat timeouts of 0.6 s that a busy machine misses. The cross builds are
+# mostly single-threaded (zig), so the two run side by side; pytest runs in its workers.
 test: $(VENV)/.tools
-	$(MAKE) -j4 $(VENV)/.deps build-engine build-sanitize check-macos test-arm64
-	$(MAKE) -j3 test-engine test-sanitize build
+	$(MAKE) -j2 $(VENV)/.deps cross-toolchains
+	$(MAKE) test-engine test-sanitize
+	$(MAKE) -j2 check-macos test-arm64
 	$(MAKE) test-python test-lightning-oldest
+
+cross-toolchains: $(VENV)/.tools
+	$(PY) tools/cross.py toolchains
 
 # libFuzzer on the handshake / frame parsers (needs clang: apt-get install clang). Not part of `make test`
 # (which runs the same target through a deterministic driver): make fuzz FUZZ_SECONDS=600

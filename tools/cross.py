@@ -1,7 +1,8 @@
 """Builds (and for arm64 Linux, runs) the engine for other targets with zig, from this x86-64 Linux host.
 
     python tools/cross.py macos --torch-version 2.9.1   # make check-macos
-    python tools/cross.py arm64                                             # make test-arm64
+    python tools/cross.py arm64                         # make test-arm64
+    python tools/cross.py toolchains                    # make cross-toolchains: both targets' libc++ first
 
 macos: compiles every engine source and links every C++ test into arm64 Mach-O executables
 (`-target aarch64-macos`), then compiles the torch binding against the macOS arm64 torch wheel's headers and
@@ -12,6 +13,11 @@ the interpreter at load time, as for every macOS extension): the link first runs
 arm64: builds the engine and the C++ tests it runs for aarch64-linux-musl (-static), checks that the
 reduction kernels compiled to NEON code (see docs/cross_builds.md), and runs those tests under
 qemu-aarch64-static with MCCL_TEST_QUICK=1 (smaller sizes; same cases).
+
+toolchains: links a small C++ program for each target, in the modes the two above link in, so that zig
+builds and caches what they link against (libc++ for both, musl for arm64: 95 and 130 s on one core each),
+which it otherwise does at their first link. `make test` runs it beside torch's install, which leaves a core
+idle.
 
 Objects are rebuilt only when a source or any header is newer, in parallel over the host's cores.
 """
@@ -227,6 +233,28 @@ def test_arm64(args) -> None:
         sys.exit(f"cross: failed under qemu-aarch64: {failed}")
 
 
+# The link modes of check_macos and test_arm64: zig caches a target's libc++ per mode.
+TOOLCHAINS = {"aarch64-macos": ["-O0"], "aarch64-linux-musl": ["-O2", "-static"]}
+HELLO = "#include <string>\n#include <thread>\nint main() { std::string s(\"x\"); std::thread([] {}).join(); }\n"
+
+
+def toolchains(args) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    src = out / "hello.cc"
+    src.write_text(HELLO)
+
+    def one(item):
+        target, flags = item
+        t0 = time.time()
+        checked(zig() + ["c++", "-target", target, *flags, src, "-o", out / f"hello-{target}"],
+                f"linking a C++ program for {target}")
+        return f"{target} in {time.time() - t0:.0f} s"
+
+    with ThreadPoolExecutor(len(TOOLCHAINS)) as pool:
+        print(f"toolchains: zig's C++ runtime built for {', '.join(pool.map(one, TOOLCHAINS.items()))}")
+
+
 def main() -> None:
     sys.stdout.reconfigure(line_buffering=True)  # progress shows up in CI logs as it happens
     # zig's cache (the libc++ and musl it builds per target) lives with the other build outputs.
@@ -243,8 +271,10 @@ def main() -> None:
     a.add_argument("--timeout", type=float, default=300.0, help="seconds per test program")
     for s in (m, a):
         s.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    t = sub.add_parser("toolchains", help="build zig's C++ runtime for both targets into its cache")
+    t.add_argument("--out", default=str(ROOT / "build/cross/toolchains"))
     args = p.parse_args()
-    (check_macos if args.what == "macos" else test_arm64)(args)
+    {"macos": check_macos, "arm64": test_arm64, "toolchains": toolchains}[args.what](args)
 
 
 if __name__ == "__main__":
