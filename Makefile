@@ -125,13 +125,13 @@ test-arm64: $(VENV)/.tools
 
 
 # Torch's install leaves a core idle: zig builds its C++ runtime for the two cross targets beside it (95 and
-# 130 s on one core each, which the cross builds would otherwise spend first). The rest runs alone, stage by
-# stage: the engine's tests have heartbeat timeouts of 0.6 s that a busy machine misses. The cross builds are
-# mostly single-threaded (zig), so the two run side by side; pytest runs in its workers.
+# 130 s on one core each, which the cross builds would otherwise spend first). The engine's tests run alone:
+# their heartbeat timeouts of 0.6 s are missed on a busy machine. The cross builds (zig, mostly one thread
+# each) and the torch binding's build share the cores; pytest runs in its workers. 2 cores: docs/testing.md.
 test: $(VENV)/.tools
 	$(MAKE) -j2 $(VENV)/.deps cross-toolchains
 	$(MAKE) test-engine test-sanitize
-	$(MAKE) -j2 check-macos test-arm64
+	$(MAKE) -j3 check-macos test-arm64 build
 	$(MAKE) test-python test-lightning-oldest
 
 cross-toolchains: $(VENV)/.tools
