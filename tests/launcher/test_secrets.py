@@ -55,6 +55,22 @@ def _command_lines():
     return out
 
 
+def _descendants(root: int) -> set:
+    """The pids below `root` in the process tree (other tests' jobs run beside this one under pytest-xdist)."""
+    parent = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent[int(entry.name)] = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    below, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - below
+        below |= frontier
+    return below
+
+
 def _leaks(text: bytes, needles) -> list:
     return [name for name, value in needles.items() if any(value in d for d in _decoded_words(text))]
 
@@ -101,6 +117,7 @@ def test_no_secret_on_any_command_line_while_a_job_runs(tmp_path, via):
             out, err = proc.communicate()
             raise AssertionError(f"the job never got ready:\n{out.decode()}\n{err.decode()}") from None
         lines = _command_lines()  # the job is running: launcher, shims (or fake ssh) and ranks all alive
+        ours = _descendants(proc.pid)
         (tmp_path / "go").touch()
         out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
     finally:
@@ -114,9 +131,10 @@ def test_no_secret_on_any_command_line_while_a_job_runs(tmp_path, via):
     assert {json.dumps(r["sha256"], sort_keys=True) for r in reports} == {json.dumps(
         {k: hashlib.sha256(v).hexdigest() for k, v in needles.items()}, sort_keys=True)}  # the ranks have both
     assert all(r["sum"] == [3.0] * 4 for r in reports)  # and authenticated with the secret: the job works
-    shims = [pid for pid, line in lines.items() if SHIM_BOOTSTRAP.encode() in line]
+    shims = [pid for pid, line in lines.items() if SHIM_BOOTSTRAP.encode() in line and pid in ours]
     ranks = [r["pid"] for r in reports]
-    assert len(shims) == 2 and all(pid in lines for pid in ranks), "the scan did not see the job's processes"
+    assert len(shims) == 2 and all(pid in lines and pid in ours for pid in ranks), \
+        "the scan did not see the job's processes"
 
     leaks = {pid: _leaks(line, needles) for pid, line in lines.items()}
     assert not {pid: names for pid, names in leaks.items() if names}, \
