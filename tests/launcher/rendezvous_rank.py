@@ -19,7 +19,13 @@ def main(port, rank, world, timeout_s, report_s):
     store.set(f"test/{rank}", str(rank * 10))
     seen = [store.get(f"test/{r}").decode() for r in range(world)]
     store.set(f"done/{rank}", "1")
-    store.wait([f"done/{r}" for r in range(world)])  # rank 0's store lives until everyone has read
+    store.wait([f"done/{r}" for r in range(world)])
+    # Rank 0's store must outlive every other rank's wait above (its answer in flight), so rank 0 leaves last:
+    # each other rank says it is through, with a set, which needs no answer.
+    if rank == 0:
+        store.wait([f"through/{r}" for r in range(1, world)])
+    else:
+        store.set(f"through/{rank}", "1")
     print(f"arrived rank {rank} saw {seen}", flush=True)
 
 
