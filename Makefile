@@ -94,7 +94,7 @@ test-tsan: $(VENV)/.tools
 	$(BIN)/ctest --test-dir build/tsan --output-on-failure
 
 # pytest in PYTEST_WORKERS processes (pytest-xdist), each test file in one of them: on 2 cores the suite's
-# ranks leave a third of the CPU idle alone (620 s), 478 s in 2 workers (docs/testing.md).
+# ranks leave a third of the CPU idle alone (620 s), 432-476 s in 2 workers (docs/testing.md).
 PYTEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 test-python: build
