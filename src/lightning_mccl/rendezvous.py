@@ -7,7 +7,8 @@ rank ignores Ctrl-C (the wait is in C++). `rendezvous` builds the same store, bu
 
 - rank 0 starts the store without waiting for anyone; every rank connects (a rank > 0 first waits, in
   Python, until the store's port accepts a connection) and records its arrival under ``mccl/rdzv/<n>/<rank>``
-  with its host name;
+  with its host name, where n counts the rendezvous of the process; the store says which n it serves, so a
+  rank that comes to a second group while rank 0 still holds the first one's store waits for the new store;
 - every rank then waits, in Python, until all ranks have arrived: Ctrl-C stops it at once;
 - after ``report_s`` seconds (MCCL_RENDEZVOUS_REPORT_S, default 10) and every ``report_s`` seconds after,
   rank 0 prints which ranks have not arrived, with their hosts when the launcher said (MCCL_HOSTS, set by
@@ -36,6 +37,7 @@ PROBE_INTERVAL_S = 0.2  # between such attempts
 POLL_S = 0.05
 HAND_OUT_S = 2.0  # how long rank 0, timed out, waits for the waiting ranks to read its message
 _rounds = 0  # rendezvous made by this process so far: keys of a later one never meet an earlier one's
+OPEN_KEY = "mccl/rdzv/open"  # the round rank 0's store serves, set as it opens
 
 
 class RendezvousError(RuntimeError):
@@ -81,21 +83,17 @@ def _say(rank: int, message: str) -> None:
     sys.stderr.flush()
 
 
-def _connect(addr: str, port: int, rank: int, world_size: int, timeout: float, report_s: float,
-             say: Callable[[str], None]) -> dist.TCPStore:
-    if rank == 0:
-        return dist.TCPStore(addr, port, world_size, True, timedelta(seconds=timeout), wait_for_workers=False,
-                             multi_tenant=True)
-    # Until rank 0's store accepts connections, probe it with a plain socket: a TCPStore client retrying
-    # by itself logs a warning with C++ frames on every failed attempt, and cannot be interrupted.
-    start = time.monotonic()
-    next_report = start + report_s
+def _await_port(addr: str, port: int, rank: int, deadline: float, timeout: float, report_s: float,
+                say: Callable[[str], None]) -> None:
+    """Until rank 0's store accepts connections, probe it with a plain socket: a TCPStore client retrying by
+    itself logs a warning with C++ frames on every failed attempt, and cannot be interrupted."""
+    start = deadline - timeout
+    next_report = time.monotonic() + report_s
     while True:
-        left = timeout - (time.monotonic() - start)
+        left = deadline - time.monotonic()
         try:
             with socket.create_connection((addr, port), timeout=max(0.1, min(CONNECT_ATTEMPT_S, left))):
-                pass
-            break
+                return
         except OSError as e:
             waited = time.monotonic() - start
             if waited >= timeout:
@@ -107,8 +105,53 @@ def _connect(addr: str, port: int, rank: int, world_size: int, timeout: float, r
                 say(f"cannot reach rank 0 at {addr}:{port} yet ({e.strerror or e}; {waited:.0f} s of {timeout:g} s)")
                 next_report += report_s
             time.sleep(PROBE_INTERVAL_S)
-    left = timeout - (time.monotonic() - start)
-    return dist.TCPStore(addr, port, world_size, False, timedelta(seconds=max(left, 1.0)), wait_for_workers=False)
+
+
+def _round_served(store, deadline: float) -> Optional[int]:
+    """The rendezvous round rank 0's store says it serves (OPEN_KEY); None if it says none by the deadline."""
+    while time.monotonic() < deadline:
+        if store.check([OPEN_KEY]):
+            return int(store.get(OPEN_KEY))
+        time.sleep(POLL_S)
+    return None
+
+
+def _connect(addr: str, port: int, rank: int, world_size: int, round_: int, timeout: float, report_s: float,
+             say: Callable[[str], None]) -> dist.TCPStore:
+    """Rank 0: a new store serving round `round_`. A rank > 0: a client of that store.
+
+    A rank > 0 can come to the port while rank 0's store of the round before still serves it: the ranks
+    destroyed their group, and rank 0 has not yet released the store that group held. Such a store says an
+    earlier round; the rank leaves it and tries again until rank 0's new store (same port) says this one."""
+    if rank == 0:
+        store = dist.TCPStore(addr, port, world_size, True, timedelta(seconds=timeout), wait_for_workers=False,
+                              multi_tenant=True)
+        store.set(OPEN_KEY, str(round_))
+        return store
+    deadline = time.monotonic() + timeout
+    served = None
+    while time.monotonic() < deadline:
+        _await_port(addr, port, rank, deadline, timeout, report_s, say)
+        try:
+            store = dist.TCPStore(addr, port, world_size, False,
+                                  timedelta(seconds=max(deadline - time.monotonic(), 1.0)), wait_for_workers=False)
+            served = _round_served(store, deadline)
+        except dist.DistError:  # the earlier round's store closed while this rank connected to it
+            continue
+        if served == round_:
+            return store
+        if served is not None and served > round_:
+            raise RendezvousError(
+                f"rank 0's rendezvous at {addr}:{port} is its number {served + 1} in its process, rank {rank}'s is "
+                f"number {round_ + 1}: the ranks have made different numbers of process groups")
+        del store  # rank 0's store of an earlier round, about to close
+        time.sleep(PROBE_INTERVAL_S)
+    raise RendezvousError(
+        f"rank 0's store at {addr}:{port} still served its rendezvous number {served + 1} after {timeout:g} s "
+        f"(the group timeout), when rank {rank} came to its number {round_ + 1}: did rank 0 make its next "
+        f"process group?" if served is not None else
+        f"rank 0's store at {addr}:{port} named no rendezvous within {timeout:g} s (the group timeout): is "
+        f"another program serving port {port}?")
 
 
 def _hand_out(store, prefix: str, verdict: str, message: str, waiting: Sequence[int]) -> None:
@@ -131,9 +174,10 @@ def rendezvous(addr: str, port: int, rank: int, world_size: int, timeout: timede
     say = say if say is not None else (lambda message: _say(rank, message))
     limit = timeout.total_seconds()
     start = time.monotonic()
-    store = _connect(addr, port, rank, world_size, limit, report_s, say)
-    prefix = f"mccl/rdzv/{_rounds}/"
+    round_ = _rounds
     _rounds += 1
+    store = _connect(addr, port, rank, world_size, round_, limit, report_s, say)
+    prefix = f"mccl/rdzv/{round_}/"
     store.set(prefix + str(rank), socket.gethostname())
     keys = [prefix + str(r) for r in range(world_size)]
     verdict = prefix + "verdict"
