@@ -41,6 +41,7 @@ HEADERS = glob.glob(str(ROOT / "csrc/**/*.h"), recursive=True) + glob.glob(str(R
                                                                               recursive=True)
 TESTS = sorted(glob.glob(str(ROOT / "tests/engine/test_*.cc")))
 BINDING = sorted(glob.glob(str(ROOT / "csrc/torch/*.cpp")))
+MODULE = str(ROOT / "csrc/torch/module.cpp")  # as setup.py builds the binding: this file, and the rest as one unit
 FUZZ_DRIVER = [str(ROOT / "tests/fuzz/driver.cc"), str(ROOT / "tests/fuzz/fuzz_wire.cc")]
 # The engine tests that `make test-arm64` builds and runs under qemu (the others have timeouts tuned for
 # native speed, and are built for arm64 by check-macos: see docs/cross_builds.md).
@@ -112,6 +113,16 @@ def link_all(target: str, out: Path, engine_objs: list, link_flags: list, jobs: 
         return dict(pool.map(one, programs.items()))
 
 
+def unity(path: Path, sources: list) -> Path:
+    """One translation unit including `sources`, as setup.py compiles the binding; rewritten when the list
+    changes or a source is newer, so that compile_all sees it stale."""
+    text = "".join(f'#include "{src}"\n' for src in sources)
+    if not path.exists() or path.read_text() != text or stale(path, sources):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return path
+
+
 def engine_flags(extra=(), opt="-O3") -> list:
     return ["-std=c++17", opt, *WARN, f"-I{ROOT}/csrc/engine", *extra]
 
@@ -164,7 +175,8 @@ def check_macos(args) -> None:
               f"-I{ROOT}/csrc/engine", f"-isystem{torch_dir}/include",
               f"-isystem{torch_dir}/include/torch/csrc/api/include",
               f"-isystem{sysconfig.get_paths()['include']}"]
-    bobjs = compile_all(target, out / "binding", BINDING, bflags, args.jobs)
+    units = [unity(out / "unity" / "binding.cpp", [b for b in BINDING if b != MODULE]), MODULE]
+    bobjs = compile_all(target, out / "binding", units, bflags, args.jobs)
     bundle = out / "_C.so"
     link = zig() + ["c++", "-target", target, "-shared", *bobjs, *objs, f"-L{torch_dir}/lib", "-lc10", "-ltorch",
                     "-ltorch_cpu", "-ltorch_python", "-o", bundle]
@@ -175,7 +187,7 @@ def check_macos(args) -> None:
         sys.exit(f"cross: the torch binding does not link against torch {version} for {target}; missing "
                  f"non-Python symbols: {not_python[:20]}\n{(r.stdout + r.stderr)[-3000:]}")
     checked(link + ["-undefined", "dynamic_lookup"], "linking the torch binding")
-    print(f"macos: torch binding ({len(bobjs)} files) compiled against torch {version}'s headers and linked "
+    print(f"macos: torch binding ({len(BINDING)} files in {len(bobjs)} units) compiled against torch {version}'s headers and linked "
           f"against its dylibs ({len(missing)} Python symbols left to the interpreter) in {time.time() - t0:.0f} s")
 
 

@@ -16,7 +16,8 @@ struct Case {
   std::function<void()> fn;
 };
 
-// MCCL_TEST_QUICK=1 (set for runs under emulation, e.g. `make test-arm64`): the same cases on smaller buffers.
+// MCCL_TEST_QUICK=1 (set for runs under emulation, e.g. `make test-arm64`, and under ASan): the same cases on
+// smaller buffers (and test_collectives on fewer world sizes).
 inline bool quick() {
   const char* q = std::getenv("MCCL_TEST_QUICK");
   return q != nullptr && *q != '\0' && *q != '0';

@@ -120,7 +120,9 @@ Config small_chunks() {
   return c;
 }
 
-const std::vector<int> kWorlds = {1, 2, 3, 4, 5, 7, 8, 9};
+// Powers of two and not, one rank beyond a power (3, 5, 9) and several (7). MCCL_TEST_QUICK (ASan, qemu)
+// leaves out 4 (a power of two, as 2 and 8 are) and 9 (one beyond, as 3 and 5 are): a third fewer ranks to run.
+const std::vector<int> kWorlds = mccl_test::quick() ? std::vector<int>{1, 2, 3, 5, 7, 8} : std::vector<int>{1, 2, 3, 4, 5, 7, 8, 9};
 std::vector<size_t> counts_for(int world) { return {0, 1, size_t(world) - 1 + 1, size_t(world) + 1, 97, 1031}; }
 
 struct Case {
