@@ -10,9 +10,9 @@ links it into a Mach-O bundle against that wheel's dylibs. Only Python's C API s
 the interpreter at load time, as for every macOS extension): the link first runs without
 `-undefined dynamic_lookup`, and every symbol it reports missing must be a Python one. Nothing is run.
 
-arm64: builds the engine and the C++ tests it runs for aarch64-linux-musl (-static), checks that the
-reduction kernels compiled to NEON code (see docs/cross_builds.md), and runs those tests under
-qemu-aarch64-static with MCCL_TEST_QUICK=1 (smaller sizes; same cases).
+arm64: builds the engine (as one unit, like setup.py) and the C++ tests it runs for aarch64-linux-musl
+(-static), checks that the reduction kernels compiled to NEON code (see docs/cross_builds.md), and runs
+those tests under qemu-aarch64-static with MCCL_TEST_QUICK=1 (smaller buffers and worlds; same cases).
 
 toolchains: links a small C++ program for each target, in the modes the two above link in, so that zig
 builds and caches what they link against (libc++ for both, musl for arm64: 95 and 130 s on one core each),
@@ -114,8 +114,8 @@ def link_all(target: str, out: Path, engine_objs: list, link_flags: list, jobs: 
 
 
 def unity(path: Path, sources: list) -> Path:
-    """One translation unit including `sources`, as setup.py compiles the binding; rewritten when the list
-    changes or a source is newer, so that compile_all sees it stale."""
+    """One translation unit including `sources`, as setup.py compiles the engine and the binding; rewritten
+    when the list changes or a source is newer, so that compile_all sees it stale."""
     text = "".join(f'#include "{src}"\n' for src in sources)
     if not path.exists() or path.read_text() != text or stale(path, sources):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -222,7 +222,8 @@ def test_arm64(args) -> None:
     if qemu is None:
         sys.exit("cross: qemu-aarch64-static not found (Debian/Ubuntu: apt-get install qemu-user-static)")
     t0 = time.time()
-    objs = compile_all(target, out / "engine", ENGINE, engine_flags(), args.jobs)
+    # One unit: its files compile one by one for the same CPU in check-macos; this build is for running.
+    objs = compile_all(target, out / "engine", [unity(out / "unity" / "engine.cc", ENGINE)], engine_flags(), 1)
     exes = link_all(target, out / "bin", objs, ["-static"], args.jobs, only=args.tests)
     print(f"arm64: engine and {', '.join(exes)} built for {target} in {time.time() - t0:.0f} s")
     check_neon(out)

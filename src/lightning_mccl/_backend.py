@@ -85,3 +85,6 @@ def register() -> None:
     if is_registered():
         return
     dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=DEVICES)
+
+
+register()  # importing this module registers the backend (lightning_mccl's own import, when torch loads)

@@ -178,6 +178,23 @@ def test_import_registers_lazily_and_a_failed_registration_only_warns():
     assert "the 'mccl' Lightning strategies were not registered" in lines[2], proc.stdout
 
 
+@pytest.mark.parametrize("first", ["MCCLStrategy", "CommMetrics", "MacFleetEnvironment", "MCCLFabricStrategy"])
+def test_any_name_imported_first_registers_both_strategy_registries(first):
+    """Whichever module of lightning_mccl.lightning imports Lightning first (its import then runs inside that
+    module's), the Trainer's and Fabric's "mccl" names end up registered, with no warning."""
+    code = textwrap.dedent(f"""
+        import warnings
+        warnings.simplefilter("error")
+        from lightning_mccl.lightning import {first}
+        from lightning.pytorch.strategies import StrategyRegistry
+        from lightning.fabric.strategies import STRATEGY_REGISTRY
+        print("mccl" in StrategyRegistry, "mccl" in STRATEGY_REGISTRY)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=clean_env())
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "True"], proc.stdout + proc.stderr
+
+
 def test_options_reach_the_process_group(no_launch_env):
     """`MCCLStrategy(options=...)` become the default group's pg_options, which the engine reads when the group
     is made: a count with a byte suffix is refused there, naming the variable. The wire type stays compress='s."""

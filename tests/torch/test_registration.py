@@ -1,5 +1,6 @@
-"""How torch finds the backend: the entry point (no import needed), the MPS dispatch kernels, and the
-ProcessGroup's view of it. World size 1, so these run in a subprocess each within seconds."""
+"""How torch finds the backend: the entry point (no import needed), `import lightning_mccl` before or after
+torch, the MPS dispatch kernels, and the ProcessGroup's view of it; the `mccl` command line loads no torch.
+World size 1, so these run in a subprocess each within seconds."""
 import subprocess
 import sys
 import textwrap
@@ -30,6 +31,46 @@ def test_init_process_group_finds_mccl_through_the_entry_point_without_import():
         dist.destroy_process_group()
     """)
     assert out.split() == ["mccl", "1", "[0.0,", "1.0,", "2.0,", "3.0]"]
+
+
+def test_import_before_torch_registers_the_backend_once_torch_is_imported():
+    # The entry point is switched off (a metadata lookup that finds nothing), so only the import can register.
+    out = run_python(f"""
+        import sys, importlib.metadata as md
+        md.entry_points = lambda **kw: []
+        import lightning_mccl
+        print("torch" in sys.modules)
+        import torch, torch.distributed as dist
+        print(lightning_mccl.is_registered())
+        dist.init_process_group("mccl", init_method="tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+        print(dist.get_backend())
+        dist.destroy_process_group()
+    """)
+    assert out.split() == ["False", "True", "mccl"]
+
+
+def test_a_registration_that_fails_within_torchs_import_warns_and_torch_imports():
+    out = run_python("""
+        import sys, warnings
+        import lightning_mccl
+        sys.modules["lightning_mccl._backend"] = None  # make the registration fail
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            import torch
+        print(torch.__name__, [str(w.message) for w in caught if "lightning-mccl" in str(w.message)])
+    """)
+    assert out.startswith("torch [\"lightning-mccl: the 'mccl' backend was not registered: ModuleNotFoundError("), out
+
+
+def test_the_command_line_loads_neither_torch_nor_lightning():
+    # A whole launch of one rank (`true`): the launcher process itself never loads them.
+    out = run_python("""
+        import sys
+        from lightning_mccl.cli import main
+        code = main(["launch", "--local", "1", "--nproc-per-node", "1", "--", "true"])
+        print(code, sorted(m for m in ("torch", "lightning") if m in sys.modules))
+    """)
+    assert out.splitlines()[-1] == "0 []", out
 
 
 def test_backend_is_registered_for_cpu_cuda_and_mps():

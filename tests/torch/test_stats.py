@@ -24,7 +24,7 @@ def _known_traffic(rank, world):
 
     import lightning_mccl
     from lightning_mccl import clock_ns, stats, timeline
-    from lightning_mccl.stats import FIELDS
+    from lightning_mccl._stats import FIELDS
 
     zero = dict.fromkeys(FIELDS, 0)
 

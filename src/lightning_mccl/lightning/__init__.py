@@ -12,10 +12,11 @@ users: the classes are loaded on first access, and `register_when_lightning_impo
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.util
 import sys
 import warnings
+
+from .._after_import import call_after_import, loaded
 
 __all__ = ["CommMetrics", "MCCLFabricStrategy", "MCCLStrategy", "MacFleetEnvironment",
            "register_when_lightning_imported"]
@@ -28,6 +29,8 @@ _TRIGGER = "lightning.pytorch"
 def __getattr__(name: str):
     if name in _LAZY:
         module = importlib.import_module(f"{__name__}.{_LAZY[name]}")
+        if loaded(_TRIGGER):
+            _register()  # when that module was the one to import Lightning, registering waited for it
         return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -37,68 +40,28 @@ def __dir__():
 
 
 def _register() -> None:
-    """Imports the strategy modules (Trainer's and Fabric's), which register the strategies; a failure is a
-    warning, never an error in the import of Lightning or of lightning_mccl."""
+    """Imports the strategy module, which registers the strategies (Trainer's, and Fabric's through fabric.py,
+    which it imports last); a failure is a warning, never an error in the import of Lightning or of
+    lightning_mccl. Nothing while a module of this package is being imported (it imported Lightning: the strategy
+    module registers as it ends, `__getattr__` once another has loaded), or once the strategy module is."""
+    prefix = f"{__name__}."
+    if any(name.startswith(prefix) and module is not None and not loaded(name)
+           for name, module in list(sys.modules.items())):
+        return
     try:
-        importlib.import_module(f"{__name__}.strategy")
-        importlib.import_module(f"{__name__}.fabric")
+        if sys.modules.get(f"{__name__}.strategy") is None:
+            importlib.import_module(f"{__name__}.strategy")
     except Exception as e:  # noqa: BLE001 - Lightning's import must go on; say why the names are missing
         warnings.warn(f"lightning-mccl: the 'mccl' Lightning strategies were not registered: {e!r}", RuntimeWarning)
-
-
-def _loaded(name: str) -> bool:
-    module = sys.modules.get(name)
-    spec = getattr(module, "__spec__", None)
-    return module is not None and not getattr(spec, "_initializing", False)
-
-
-class _RegisterAfterLoad(importlib.abc.Loader):
-    """Runs `lightning.pytorch`'s own loader, then registers the strategies."""
-
-    def __init__(self, loader) -> None:
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        spec = module.__spec__
-        spec.loader = module.__loader__ = self._loader  # the module keeps its real loader
-        self._loader.exec_module(module)
-        _register()
-
-    def __getattr__(self, name):
-        return getattr(self._loader, name)
-
-
-class _LightningImportHook(importlib.abc.MetaPathFinder):
-    """One-shot finder: when `lightning.pytorch` is first imported, registers the strategies right after it."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _TRIGGER:
-            return None
-        _remove_hook()
-        spec = importlib.util.find_spec(fullname)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _RegisterAfterLoad(spec.loader)
-        return spec
-
-
-def _remove_hook() -> None:
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _LightningImportHook)]
 
 
 def register_when_lightning_imported() -> None:
     """Registers the strategies now if `lightning.pytorch` is loaded, else as soon as it is imported; nothing
     when Lightning is not installed."""
-    if _loaded(_TRIGGER):
-        _register()
-        return
-    if _TRIGGER in sys.modules or any(isinstance(f, _LightningImportHook) for f in sys.meta_path):
-        return  # being imported right now (its own import reached us), or already hooked
-    try:
-        installed = importlib.util.find_spec("lightning") is not None
-    except (ImportError, ValueError):
-        installed = False
-    if installed:
-        sys.meta_path.insert(0, _LightningImportHook())
+    if not loaded(_TRIGGER):
+        try:
+            if importlib.util.find_spec("lightning") is None:
+                return
+        except (ImportError, ValueError):
+            return
+    call_after_import(_TRIGGER, _register)

@@ -350,3 +350,4 @@ def _destroy_at_exit() -> None:
 
 MCCLStrategy.register_strategies(StrategyRegistry)
 mps_gate.install(MCCLStrategy)
+from . import fabric as _fabric  # noqa: E402,F401 - registers Fabric's "mccl" names (it imports from here)

@@ -1,5 +1,5 @@
 """`lightning_mccl.stats(group)`: the engine's traffic counters of one process group (its collectives one by
-one, with their times, are `lightning_mccl.timeline(group)`: timeline.py).
+one, with their times, are `lightning_mccl.timeline(group)`: _timeline.py).
 
 Counted by the engine on every operation, always on (relaxed atomic adds; see csrc/engine/stats.h):
 
