@@ -19,10 +19,16 @@ CMAKE_FLAGS := -G Ninja -DCMAKE_MAKE_PROGRAM=$(BIN)/ninja -DMCCL_BUILD_TESTS=ON
 
 # The oldest Lightning declared tested (pyproject.toml: [tool.lightning-mccl] tested-lightning): `make test` runs
 # LIGHTNING_OLDEST_TESTS against it as well as against the Lightning in $(VENV) (installed without its
-# dependencies into build/, first on PYTHONPATH; the rest of the environment is the current one's).
+# dependencies into build/, first on PYTHONPATH; the rest of the environment is the current one's). Of the
+# strategy fits, those through Lightning's own launcher (the strategy as a string, an instance and both
+# LightningCLI forms, with the bf16 and PowerSGD hooks): the fixture then starts 2 of its 5 launches.
 LIGHTNING_OLDEST ?= 2.5.2
 LIGHTNING_OLDEST_DIR := $(abspath build/lightning-$(LIGHTNING_OLDEST))
-LIGHTNING_OLDEST_TESTS ?= tests/lightning/test_strategy_fits.py tests/lightning/test_strategy_arguments.py \
+FITS := tests/lightning/test_strategy_fits.py
+LIGHTNING_OLDEST_TESTS ?= $(foreach run,mccl instance cli_string cli_class_path,\
+  '$(FITS)::test_fit_over_mccl_equals_lightning_ddp_over_gloo[lightning_mccl-$(run)-LightningEnvironment]') \
+  $(FITS)::test_bf16_compress_hook_runs_on_cpu_and_matches_gloo $(FITS)::test_powersgd_runs_and_matches_gloo \
+  tests/lightning/test_strategy_arguments.py \
   tests/lightning/test_strategy_mps.py tests/lightning/test_environment.py \
   tests/lightning/test_internals.py::test_the_installed_lightning_passes_the_checks \
   tests/lightning/test_internals.py::test_the_mps_gate_rebinds_nothing_and_other_threads_are_still_refused \
@@ -74,8 +80,9 @@ test-engine: build-engine
 	$(BIN)/ctest --test-dir build/engine --output-on-failure -j $(CTEST_JOBS)
 
 # The sanitizer build runs every case on the smaller buffers of MCCL_TEST_QUICK (the same code paths, the
-# threaded reduction included); test-engine runs the full sizes. It stays at -O0: -O1 ran its tests in 38-41 s
-# instead of 60, but took 137 s to build instead of 69.
+# threaded reduction included), and fuzz_wire's driver on 50,000 mutated inputs (36 s for 200,000 under ASan);
+# test-engine runs the full sizes and 200,000 inputs. It stays at -O0: -O1 ran its tests in 38-41 s instead
+# of 60, but took 137 s to build instead of 69.
 test-sanitize: build-sanitize
 	MCCL_TEST_QUICK=1 $(BIN)/ctest --test-dir build/asan --output-on-failure -j $(CTEST_JOBS)
 
@@ -85,7 +92,7 @@ build-engine: $(VENV)/.tools
 
 build-sanitize: $(VENV)/.tools
 	$(CMAKE) -S . -B build/asan $(CMAKE_FLAGS) \
-	  -DCMAKE_BUILD_TYPE=Debug -DMCCL_SANITIZE=address,undefined > /dev/null
+	  -DCMAKE_BUILD_TYPE=Debug -DMCCL_SANITIZE=address,undefined -DMCCL_FUZZ_ITERATIONS=50000 > /dev/null
 	$(CMAKE) --build build/asan
 
 test-tsan: $(VENV)/.tools
@@ -125,12 +132,13 @@ test-arm64: $(VENV)/.tools
 	$(PY) tools/cross.py arm64
 
 
-# Torch's install leaves a core idle: zig builds its C++ runtime for the two cross targets beside it (95 and
-# 130 s on one core each, which the cross builds would otherwise spend first). The engine's tests run alone:
-# their heartbeat timeouts of 0.6 s are missed on a busy machine. The cross builds (zig, mostly one thread
-# each) and the torch binding's build share the cores; pytest runs in its workers. 2 cores: docs/testing.md.
+# Torch's install leaves a core idle: zig builds its C++ runtime for the two cross targets beside it (123 and
+# 201 s on one core each, which the cross builds would otherwise spend first), and the engine's two builds
+# take what the three leave. The engine's tests then run alone: their heartbeat timeouts of 0.6 s are missed
+# on a busy machine. The cross builds (zig, mostly one thread each) and the torch binding's build share the
+# cores; pytest runs in its workers. 2 cores: docs/testing.md.
 test: $(VENV)/.tools
-	$(MAKE) -j2 $(VENV)/.deps cross-toolchains
+	$(MAKE) -j4 $(VENV)/.deps cross-toolchains build-engine build-sanitize
 	$(MAKE) test-engine test-sanitize
 	$(MAKE) -j3 check-macos test-arm64 build
 	$(MAKE) test-python test-lightning-oldest

@@ -29,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+from lightning_mccl.switch import DEFAULT_CONGESTION  # noqa: E402
 from sweep import report  # noqa: E402
 from sweep.ops import OPS  # noqa: E402
 from sweep.series import Series, launch_groups, parse_series  # noqa: E402
@@ -50,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", type=int, default=None, help="run on a throwaway emulated switch of N hosts")
     p.add_argument("--rate", default="1gbit", help="link rate of the emulated hosts (default: %(default)s)")
     p.add_argument("--burst", default=None, help="tbf bucket of the emulated links (default: by rate)")
+    p.add_argument("--congestion", default=DEFAULT_CONGESTION,
+                   help="the emulated hosts' TCP congestion control; 'system': the machine's (default: %(default)s)")
     p.add_argument("--switch", default=None, metavar="TAG", help="run on the emulated switch TAG that is up")
     p.add_argument("--min", dest="min_size", default="4K", help="smallest size (default: %(default)s)")
     p.add_argument("--max", dest="max_size", default="256M", help="largest size (default: %(default)s)")
@@ -96,7 +99,8 @@ def main(argv=None) -> int:
 
     rows = []
     try:
-        with placement(nproc, args.hosts, args.rate, args.switch, args.burst, log=log) as where:
+        with placement(nproc, args.hosts, args.rate, args.switch, args.burst, log=log,
+                       congestion=args.congestion) as where:
             header = report.machine_header(argv, where.describe())
             link_gbps = where.link_goodput_gbps()
             for k, group in enumerate(launch_groups(series)):

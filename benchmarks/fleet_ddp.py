@@ -33,6 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+from lightning_mccl.switch import DEFAULT_CONGESTION  # noqa: E402
 from sweep import ddp_series, report  # noqa: E402
 from sweep.ddp_series import COMPUTE, DDPSeries  # noqa: E402
 
@@ -46,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", type=int, nargs="+", default=None, help="emulated hosts, one rank each (Linux, root)")
     p.add_argument("--rate", default="10gbit", help="link rate of the emulated hosts (default: %(default)s)")
     p.add_argument("--burst", default=None, help="tbf bucket of the emulated links (default: by rate)")
+    p.add_argument("--congestion", default=DEFAULT_CONGESTION,
+                   help="the emulated hosts' TCP congestion control; 'system': the machine's (default: %(default)s)")
     p.add_argument("--switch", default=None, metavar="TAG", help="run on the emulated switch TAG that is up "
                                                                  "(`mccl switch up`; one --nproc)")
     p.add_argument("--device", choices=("cuda", "mps", "cpu"), default="cpu")
@@ -99,7 +102,8 @@ def main(argv=None) -> int:
 
     rows, wheres, failed, steps = [], [], [], []
     for n in counts:
-        with placement(n, n if args.hosts else None, args.rate, args.switch, args.burst, log=log) as where:
+        with placement(n, n if args.hosts else None, args.rate, args.switch, args.burst, log=log,
+                       congestion=args.congestion) as where:
             wheres.append(where.describe())
             for batch in args.batch:
                 ref_path = os.path.abspath(os.path.join(out, f".ref-n{n}-b{batch}.pt"))
@@ -134,7 +138,7 @@ def main(argv=None) -> int:
 
 def report_all(args, argv, out, rows, steps, series, failed, wheres, log, quiet: bool) -> list:
     """Writes the files of everything measured so far (after every launch: a run cut short keeps its rows),
-    and timeline_steps.csv: each timed step of the mccl series, split by the engine's timeline."""
+    and timeline_steps.csv: each timed step of every series, the mccl ones split by the engine's timeline."""
     from sweep.ddp_report import write_outputs
 
     if steps:

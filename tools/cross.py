@@ -47,6 +47,9 @@ FUZZ_DRIVER = [str(ROOT / "tests/fuzz/driver.cc"), str(ROOT / "tests/fuzz/fuzz_w
 # native speed, and are built for arm64 by check-macos: see docs/cross_builds.md).
 ARM64_RUN = ("test_reduce", "test_collectives", "test_metal_arith")
 WARN = ["-Wall", "-Wextra", "-Werror"]  # the engine's own sources; tests and binding warn only
+# check_macos compiles and links without optimising and without the UBSan checks that zig adds by default at
+# -O0 (nothing runs there: they would only cost compile time, and a runtime to build and link).
+MACOS_OPT = ("-O0", "-fno-sanitize=undefined")
 # Python C API symbols (what an extension leaves for the interpreter to provide).
 PYTHON_SYMBOL = re.compile(r"^__?Py|^_PyExc_|^__Py_")
 
@@ -92,9 +95,9 @@ def compile_all(target: str, out: Path, sources: list, flags: list, jobs: int) -
     return objects
 
 
-def link_all(target: str, out: Path, engine_objs: list, link_flags: list, jobs: int, only=None, opt="-O2") -> dict:
+def link_all(target: str, out: Path, engine_objs: list, link_flags: list, jobs: int, only=None, opt=("-O2",)) -> dict:
     """Each engine test (and the fuzz driver), or those named in `only`, into an executable; {name: path}."""
-    cflags = ["-std=c++17", opt, "-Wall", "-Wextra", f"-I{ROOT}/csrc/engine", f"-I{ROOT}/tests/engine", f"-I{ROOT}/tests/fuzz"]
+    cflags = ["-std=c++17", *opt, "-Wall", "-Wextra", f"-I{ROOT}/csrc/engine", f"-I{ROOT}/tests/engine", f"-I{ROOT}/tests/fuzz"]
     out.mkdir(parents=True, exist_ok=True)
     programs = {Path(t).stem: [t] for t in TESTS}
     programs["fuzz_wire_driver"] = FUZZ_DRIVER
@@ -123,8 +126,8 @@ def unity(path: Path, sources: list) -> Path:
     return path
 
 
-def engine_flags(extra=(), opt="-O3") -> list:
-    return ["-std=c++17", opt, *WARN, f"-I{ROOT}/csrc/engine", *extra]
+def engine_flags(extra=(), opt=("-O3",)) -> list:
+    return ["-std=c++17", *opt, *WARN, f"-I{ROOT}/csrc/engine", *extra]
 
 
 def macos_torch(version: str, cache: Path) -> Path:
@@ -155,22 +158,23 @@ def check_macos(args) -> None:
     out = Path(args.out)
     target = "aarch64-macos"
     t0 = time.time()
-    # Nothing here runs on macOS: -O0, the fastest compile (the arm64 code generation is checked, and run,
-    # by test_arm64 at -O3).
-    objs = compile_all(target, out / "engine", ENGINE, engine_flags(opt="-O0"), args.jobs)
-    exes = link_all(target, out / "bin", objs, [], args.jobs, opt="-O0")
+    # Nothing here runs on macOS: MACOS_OPT, the fastest compile (the arm64 code generation is checked, and
+    # run, by test_arm64 at -O3). The engine as one unit, as setup.py builds it.
+    objs = compile_all(target, out / "engine", [unity(out / "unity" / "engine.cc", ENGINE)],
+                       engine_flags(opt=MACOS_OPT), 1)
+    exes = link_all(target, out / "bin", objs, [], args.jobs, opt=MACOS_OPT)
     for exe in exes.values():
         head = exe.read_bytes()[:4]
         if head != b"\xcf\xfa\xed\xfe":  # MH_MAGIC_64, little-endian
             sys.exit(f"cross: {exe} is not a 64-bit Mach-O file")
-    print(f"macos: engine ({len(objs)} files) and {len(exes)} test programs linked for {target} "
+    print(f"macos: engine ({len(ENGINE)} files in one unit) and {len(exes)} test programs linked for {target} "
           f"in {time.time() - t0:.0f} s")
 
     torch_dir = macos_torch(args.torch_version, Path(args.cache))
     t0 = time.time()
     version = re.search(r"__version__ = '([^']+)'", (torch_dir / "version.py").read_text()).group(1)
-    # A compile-and-link check: -O0 (nothing runs, and the optimiser would only cost time).
-    bflags = ["-std=c++20", "-O0", "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter",
+    # A compile-and-link check (nothing runs, and the optimiser would only cost time).
+    bflags = ["-std=c++20", *MACOS_OPT, "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter",
               "-Wno-deprecated-declarations", "-DTORCH_EXTENSION_NAME=_C", "-DTORCH_API_INCLUDE_EXTENSION_H",
               f"-I{ROOT}/csrc/engine", f"-isystem{torch_dir}/include",
               f"-isystem{torch_dir}/include/torch/csrc/api/include",
@@ -247,7 +251,7 @@ def test_arm64(args) -> None:
 
 
 # The link modes of check_macos and test_arm64: zig caches a target's libc++ per mode.
-TOOLCHAINS = {"aarch64-macos": ["-O0"], "aarch64-linux-musl": ["-O2", "-static"]}
+TOOLCHAINS = {"aarch64-macos": list(MACOS_OPT), "aarch64-linux-musl": ["-O2", "-static"]}
 HELLO = "#include <string>\n#include <thread>\nint main() { std::string s(\"x\"); std::thread([] {}).join(); }\n"
 
 

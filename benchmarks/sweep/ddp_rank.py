@@ -6,7 +6,7 @@ import json
 import os
 import time
 
-from . import ddp_timeline, tcp_counters
+from . import cpu_counters, ddp_timeline, tcp_counters
 from .ddp_series import COMPUTE, DDPSeries
 from .rank import dist_max_reduce, dist_min_reduce, dist_sum_over_hosts, init_groups, say, summarize
 from .series import Series
@@ -92,6 +92,7 @@ def worker(spec_path: str) -> int:
     total = spec["warmup"] + spec["steps"]
     times = torch.zeros(spec["steps"], len(labels), dtype=torch.float64)
     tcp = torch.zeros(spec["steps"], len(labels), len(tcp_counters.FIELDS), dtype=torch.float64)
+    cpu = torch.zeros(spec["steps"], len(labels), len(cpu_counters.FIELDS), dtype=torch.float64)  # the machine's
     windows = {k: [] for k in timed}  # mccl series: each timed step's [t0, t1] in the engine's clock
     if timed:
         import lightning_mccl  # clock_ns() and timeline(): the engine's clock and collective times
@@ -106,13 +107,14 @@ def worker(spec_path: str) -> int:
             sync()
             tcp0 = tcp_counters.read()
             dist.barrier()
-            t0, t0_ns = time.perf_counter(), clock_ns()
+            t0, t0_ns, cpu0 = time.perf_counter(), clock_ns(), cpu_counters.read()
             opts[labels[k]].zero_grad(set_to_none=True)
             F.cross_entropy(models[labels[k]](x), y).backward()
             opts[labels[k]].step()
             sync()
-            t1_ns = clock_ns()
+            t1_ns, cpu1 = clock_ns(), cpu_counters.read()
             if i >= spec["warmup"]:
+                cpu[i - spec["warmup"], k] = torch.tensor(cpu_counters.delta(cpu0, cpu1), dtype=torch.float64)
                 times[i - spec["warmup"], k] = time.perf_counter() - t0
                 tcp[i - spec["warmup"], k] = torch.tensor(tcp_counters.read(), dtype=torch.float64) - torch.tensor(tcp0)
                 if k in timed:
@@ -148,19 +150,22 @@ def worker(spec_path: str) -> int:
         rows.append(row)
     if rank == 0:
         with open(spec["result"], "w") as f:
-            json.dump({"rows": rows, "timeline_steps": _timeline_steps(series, timed, times, parts, tcp, world, spec)}, f)
+            steps = _timeline_steps(series, timed, times, parts, tcp, cpu, world, spec)
+            json.dump({"rows": rows, "timeline_steps": steps}, f)
     dist.barrier()
     dist.destroy_process_group()
     return 0
 
 
-def _timeline_steps(series, timed, times, parts, tcp, world: int, spec: dict) -> list:
-    """A row per timed step of each mccl series: its time (the slowest rank's), its parts (the mean over the
-    ranks) and the TCP losses of every host in it, so that a slow mode in the medians can be told apart."""
+def _timeline_steps(series, timed, times, parts, tcp, cpu, world: int, spec: dict) -> list:
+    """A row per timed step of each series: its time (the slowest rank's), for the mccl series its parts (the
+    mean over the ranks), the TCP losses of every host in it and the machine's per-CPU load (rank 0's reading,
+    cpu_counters.py), so that a slow mode in the medians can be told apart."""
     return [{"world": world, "batch_per_rank": spec["batch"], "series": series[k].label, "step": i,
-             "time_s": float(times[i, k]), **{f"tl_{p}": float(v) for p, v in zip(ddp_timeline.PARTS, parts[i, k])},
-             **tcp_counters.columns(tcp[i, k].tolist())}
-            for k in sorted(timed) for i in range(spec["steps"])]
+             "time_s": float(times[i, k]),
+             **{f"tl_{p}": float(v) for p, v in zip(ddp_timeline.PARTS, parts[i, k]) if k in timed},
+             **tcp_counters.columns(tcp[i, k].tolist()), **cpu_counters.columns(cpu[i, k].tolist())}
+            for k in range(len(series)) for i in range(spec["steps"])]
 
 
 def _flat(model):

@@ -20,7 +20,7 @@ from typing import Dict, Iterator, Optional, Sequence
 from lightning_mccl.cli.launch import supervise
 from lightning_mccl.cli.launch_plan import local_plan, switch_plan
 from lightning_mccl.cli.prefixed_output import PrefixedOutput
-from lightning_mccl.switch import SwitchFleet, random_tag
+from lightning_mccl.switch import DEFAULT_CONGESTION, SwitchFleet, random_tag
 
 
 class LaunchFailed(RuntimeError):
@@ -124,9 +124,11 @@ class Placement:
 
 @contextlib.contextmanager
 def placement(nproc: int, hosts: Optional[int] = None, rate: str = "1gbit", switch: Optional[str] = None,
-              burst: Optional[str] = None, log=None) -> Iterator[Placement]:
+              burst: Optional[str] = None, log=None, congestion: Optional[str] = DEFAULT_CONGESTION
+              ) -> Iterator[Placement]:
     """Loopback (hosts and switch None); a new switch of `hosts` hosts at `rate`, removed on exit; or the
-    running switch tagged `switch`. nproc must be a multiple of the number of hosts."""
+    running switch tagged `switch`. congestion: the new switch's TCP congestion control ("system": the
+    machine's). nproc must be a multiple of the number of hosts."""
     if hosts is None and switch is None:
         yield Placement(nproc, log=log)
         return
@@ -136,7 +138,8 @@ def placement(nproc: int, hosts: Optional[int] = None, rate: str = "1gbit", swit
         yield Placement(nproc, fleet, log=log)
         return
     _check(nproc, hosts)
-    fleet = SwitchFleet(hosts, rate, tag=random_tag(), burst=burst)
+    fleet = SwitchFleet(hosts, rate, tag=random_tag(), burst=burst,
+                        congestion=None if congestion in (None, "system") else congestion)
     with fleet:
         if log:
             log(f"emulated {fleet.describe()}")

@@ -14,10 +14,11 @@ from sweep import ddp_series
 
 def test_fleet_ddp_writes_table_and_weights_agree(tmp_path):
     out = tmp_path / "out"
+    series = "compute,mccl,gloo,mccl+bf16_hook,mccl-bf16"
     proc = run_script("fleet_ddp.py", "--nproc", 2, "--device", "cpu", "--model", "vit_tiny_patch16_224",
                       "--img-size", 32, "--patch-size", 8, "--depth", 1, "--num-classes", 10, "--batch", 2,
                       "--steps", 2, "--warmup", 1,
-                      "--series", "compute,mccl,gloo,mccl+bf16_hook,mccl-bf16", "--out", out, "--timeout", 100,
+                      "--series", series, "--out", out, "--timeout", 100,
                       timeout=150)
     assert proc.returncode == 0, explain(proc)
     with open(out / "results.csv", newline="") as f:
@@ -38,7 +39,8 @@ def test_fleet_ddp_writes_table_and_weights_agree(tmp_path):
     assert 0 < float(rows["mccl+bf16_hook"]["weights_rel_diff"])
     assert rows["gloo"]["vs_gloo"] == "" and float(rows["mccl"]["vs_gloo"]) > 0
     # the mccl series' steps split by the engine's timeline: parts that add up to the step, the payload on the
-    # wire halved by bf16 compression; a row per timed step in timeline_steps.csv
+    # wire halved by bf16 compression; a row per timed step of every series in timeline_steps.csv, with the
+    # machine's per-CPU load over the step
     parts = ("before_first", "held", "staging", "peers", "engine", "starved", "after_last")
     for name in ("mccl", "mccl+bf16_hook", "mccl-bf16"):
         r = rows[name]
@@ -47,12 +49,19 @@ def test_fleet_ddp_writes_table_and_weights_agree(tmp_path):
     assert float(rows["mccl-bf16"]["tl_ring_bytes"]) == pytest.approx(float(rows["mccl"]["tl_ring_bytes"]) / 2, rel=1e-3)
     with open(out / "timeline_steps.csv", newline="") as f:
         steps = list(csv.DictReader(f))
-    assert sorted((s["series"], s["step"]) for s in steps) == sorted(
-        (n, str(i)) for n in ("mccl", "mccl+bf16_hook", "mccl-bf16") for i in range(2))
+    # each launch's series, the compute series in each of them
+    launched = [x.label for group in ddp_series.launches(ddp_series.parse(series)) for x in group]
+    assert sorted((s["series"], s["step"]) for s in steps) == sorted((n, str(i)) for n in launched for i in range(2))
     for s in steps:
-        # each rank's parts add up to its own step, and the mean over ranks stays within the slowest rank's time
-        assert 0 < sum(float(s[f"tl_{p}"]) for p in parts) <= float(s["time_s"]) * 1.01, s
+        if s["series"] in ("compute", "gloo"):
+            assert s["tl_engine"] == "", s  # no engine timeline
+        else:
+            # each rank's parts add up to its own step, and the mean over ranks stays within the slowest rank's time
+            assert 0 < sum(float(s[f"tl_{p}"]) for p in parts) <= float(s["time_s"]) * 1.01, s
         assert all(int(s[f"tcp_{c}"]) >= 0 for c in ("retrans_segs", "rto_timeouts", "loss_probes", "zero_windows")), s
+        # the step kept at least one CPU busy (this process's), no CPU above saturation
+        assert float(s["cpu_busy_cores"]) > 0.2 and 0 < float(s["cpu_max_busy"]) <= 1.0, s
+        assert 0 <= float(s["cpu_softirq_cores"]) <= float(s["cpu_busy_cores"]) + 1e-6, s
     assert all(int(r["tcp_retrans_segs"]) >= 0 for r in rows.values())  # every series, Gloo's too
     md = (out / "results.md").read_text()
     assert "## Where the mccl steps go" in md

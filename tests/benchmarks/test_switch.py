@@ -77,9 +77,44 @@ def test_switch_shapes_both_directions(fleet):
     q = fleet.qdiscs(1)
     assert q["to_host"]["bytes"] > 10**8 and q["from_host"]["bytes"] > 10**8, q
     same = SwitchFleet.attach(fleet.tag, state_dir=fleet.state_dir)
-    assert same.host_ip(1) == fleet.host_ip(1) and same.rate_bps == 10**9
+    assert same.host_ip(1) == fleet.host_ip(1) and same.rate_bps == 10**9 and same.congestion == "cubic"
     with pytest.raises(SwitchError, match="already up"):
         SwitchFleet(2, tag=fleet.tag, state_dir=fleet.state_dir).up()
+
+
+def _host_congestion(fleet, i: int) -> str:
+    argv = fleet.exec_argv(i, ["cat", "/proc/sys/net/ipv4/tcp_congestion_control"])
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+
+
+def _machine_sysctl(name: str) -> str:
+    with open(f"/proc/sys/net/ipv4/{name}") as f:
+        return f.read().strip()
+
+
+@needs_netns
+def test_hosts_run_cubic_whatever_the_machine_default(fleet):
+    # the emulated hosts' TCP is a Mac's (cubic), not the machine's default (BBR on the GPU host, and here)
+    if "cubic" not in _machine_sysctl("tcp_available_congestion_control").split():
+        pytest.skip("this kernel has no cubic")
+    assert _host_congestion(fleet, 0) == _host_congestion(fleet, 1) == "cubic"
+    assert "TCP cubic" in fleet.describe()
+    with SwitchFleet(1, "1gbit", tag=random_tag(), congestion=None) as own:
+        assert _host_congestion(own, 0) == _machine_sysctl("tcp_congestion_control")
+        assert "TCP" not in own.describe()
+
+
+@needs_netns
+def test_an_unknown_congestion_control_names_what_the_kernel_has(tmp_path):
+    f = SwitchFleet(1, "1gbit", tag=random_tag(), congestion="nosuchcc", state_dir=str(tmp_path))
+    with pytest.raises(SwitchError, match=r"cannot set TCP congestion control 'nosuchcc'.*this kernel has .*reno"):
+        f.up()
+    assert _ours(f.tag) == []  # what it had built is gone
+
+
+def test_congestion_names_are_checked():
+    with pytest.raises(ValueError, match="a Linux TCP congestion control name"):
+        SwitchFleet(2, congestion="cubic; reboot")
 
 
 @needs_netns

@@ -6,9 +6,10 @@ session is killed and the test fails with the output's tail. Results are read fr
 the checkpoints, not from stdout.
 
 Measured on the 2-core development machine: `fit --config configs/vit_local.yaml` (15 epochs, 2 ranks,
-strategy mccl) ends at val/acc 0.950-0.967 (seeds 42/0/1/2) in about 60 s; the 8-epoch run used here
-ends at 0.839-0.906 over seeds 42/0/1 (0.906 with the config's seed 42, from 0.24 after the first epoch) in
-about 44 s, so its bar of 0.80 (chance: 0.10) has a margin of 0.04 on the worst of those seeds.
+strategy mccl) ends at val/acc 0.950-0.967 (seeds 42/0/1/2) in about 60 s; the 4-epoch run used here
+ends at 0.558-0.742 over seeds 42/0/1/2 (0.742 with the config's seed 42, from 0.24 after the first epoch;
+chance: 0.10) in 64-78 s on the 2-core VM, so its bar of 0.45 has a margin of 0.11 on the worst of those
+seeds (8 epochs reach 0.839-0.906 over seeds 42/0/1, at twice the training time).
 """
 from __future__ import annotations
 
@@ -32,10 +33,10 @@ CONFIGS = ROOT / "configs"
 LOCAL = CONFIGS / "vit_local.yaml"
 
 # Main job, shortened: the stated accuracy after the stated epochs of the shortened run.
-SHORT_EPOCHS = 8
-STATED_ACCURACY = 0.80
+SHORT_EPOCHS = 4
+STATED_ACCURACY = 0.45
 # Hard deadlines against a hang, not timings: `make test` runs this file beside another pytest worker on 2
-# cores, where the main job took 179 s (71 s alone).
+# cores, where the main job took up to 279 s at 8 epochs (116 s alone).
 MAIN_JOB_TIMEOUT_S = 480
 RESUME_TIMEOUT_S = 120
 # Variables of an outer launcher or an earlier in-process CLI that must not reach the child runs.

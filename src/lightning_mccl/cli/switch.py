@@ -17,7 +17,8 @@ from typing import Optional, Sequence
 
 from rich.table import Table
 
-from ..switch import DEFAULT_TAG, SwitchError, SwitchFleet, measure_goodput, privilege_problem, rates
+from ..switch import (DEFAULT_CONGESTION, DEFAULT_TAG, SwitchError, SwitchFleet, measure_goodput, privilege_problem,
+                      rates)
 from ..switch import state as switch_state
 from .console import make_log, stderr_console, stdout_console
 
@@ -36,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--burst", metavar="BYTES", help="tbf bucket (default: 80kb at 1gbit, x sqrt(rate/1gbit))")
     p.add_argument("--queue-ms", metavar="MS", type=float, default=10.0,
                    help="queue of each shaped direction, in milliseconds at the rate (default: %(default)g)")
+    p.add_argument("--congestion", metavar="NAME", default=DEFAULT_CONGESTION,
+                   help="the hosts' TCP congestion control, as a Mac's (cubic) whatever this machine's default; "
+                        "'system': this machine's (default: %(default)s)")
     _tag(p)
     p = sub.add_parser("down", help="remove the switch and its hosts (safe to run twice)")
     _tag(p)
@@ -76,7 +80,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
         return 1
     try:
         if cmd == "up":
-            fleet = SwitchFleet(args.hosts, args.rate, tag=args.tag, burst=args.burst, queue_ms=args.queue_ms)
+            fleet = SwitchFleet(args.hosts, args.rate, tag=args.tag, burst=args.burst, queue_ms=args.queue_ms,
+                                congestion=None if args.congestion == "system" else args.congestion)
             fleet.up()
             out.print(hosts_table(fleet))
             log(f"up; run commands on a host with `mccl switch exec HOST{_tag_opt(args.tag)} -- CMD`, "

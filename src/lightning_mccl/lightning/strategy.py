@@ -69,9 +69,9 @@ log = logging.getLogger(__name__)
 BACKEND = _backend.BACKEND_NAME
 COMPRESS_CHOICES = _compress.CHOICES
 # DDP's bucket size over mccl when bucket_cap_mb is not given. On the 8-host fleet stand-in (ViT-B/16,
-# 10 Gbit/s) 5 MB buckets beat DDP's 25 MB at batch 32 in four runs of five (842 against 879 ms a step); at
-# batch 8 they were no faster, with a slow mode in three runs of eight (docs/performance.md, "DDP settings for
-# fleets" and "Where the step goes"). The last bucket's allreduce, the one left after the backward pass, is a
+# 10 Gbit/s) 5 MB buckets beat DDP's 25 MB at batch 32 in four runs of five (842 against 879 ms a step), and
+# at batch 8 by 2-5% once the emulated hosts ran cubic instead of BBR's slow mode (docs/performance.md, "DDP
+# settings for fleets" and "The stand-in on cubic"). The last bucket's allreduce, the one left after the backward pass, is a
 # fifth as long. Gloo's per-collective cost makes small buckets slower there (1447 and 753 ms), so other
 # backends keep DDP's default.
 MCCL_BUCKET_CAP_MB = 5.0

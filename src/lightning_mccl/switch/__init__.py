@@ -4,9 +4,9 @@ rate-limited in both directions with tc (see `fleet`). Linux only; needs root (C
     mccl switch up --hosts 4 --rate 1gbit       # or SwitchFleet(4, "1gbit") in Python
 """
 from . import rates
-from .fleet import DEFAULT_TAG, IFNAME, SwitchFleet, random_tag
+from .fleet import DEFAULT_CONGESTION, DEFAULT_TAG, IFNAME, SwitchFleet, random_tag
 from .netns import SwitchError, privilege_problem
 from .probe import ProbeResult, measure_goodput
 
-__all__ = ["SwitchFleet", "SwitchError", "rates", "DEFAULT_TAG", "IFNAME", "random_tag", "privilege_problem",
+__all__ = ["SwitchFleet", "SwitchError", "rates", "DEFAULT_CONGESTION", "DEFAULT_TAG", "IFNAME", "random_tag", "privilege_problem",
            "measure_goodput", "ProbeResult"]

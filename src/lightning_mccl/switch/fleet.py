@@ -15,6 +15,14 @@ Each cable is shaped in both directions with tbf at `rate`: on `mccl0` (traffic 
 and the switch itself is non-blocking, as a real one is. No address is added to the root namespace: traffic
 only flows between the namespaces built here.
 
+Each host's TCP uses the congestion control `congestion` (default cubic: macOS's, and most Linux
+distributions'), set in its namespace, whatever the machine's own default is. Machines that default to BBR
+(the GPU host does) would otherwise give every emulated host BBR, whose periodic round-trip probe (a flow's
+window cut to 4 packets for 200 ms, every 10 s) slows a ring on 4-8 hosts by a quarter now and then
+(docs/performance.md, *The slow mode*). `congestion=None` keeps the machine's default. A namespace may
+only default to an algorithm of the machine's tcp_allowed_congestion_control (those unprivileged programs may
+pick), so `up()` adds the named one there when it is missing.
+
 Not emulated: latency and loss. These kernels have no `netem` qdisc, so links have veth latency (microseconds),
 not the 50-200 us of real copper and switch hops; small-message times measured here are therefore optimistic.
 """
@@ -36,6 +44,19 @@ DEFAULT_TAG = "fleet"
 _TAG = re.compile(r"^[a-z0-9]{1,7}$")
 MAX_HOSTS = 254
 DEFAULT_QUEUE_MS = 10.0
+DEFAULT_CONGESTION = "cubic"  # the hosts' TCP congestion control: what a Mac's TCP runs (docstring)
+
+
+def _sysctl_path(name: str) -> str:
+    return f"/proc/sys/net/ipv4/{name}"
+
+
+def _read_sysctl(name: str) -> str:
+    try:
+        with open(_sysctl_path(name)) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def validate_tag(tag: str) -> str:
@@ -54,7 +75,8 @@ class SwitchFleet:
     """See the module docstring. `up()`/`down()` or a `with` block; `attach(tag)` finds one already up."""
 
     def __init__(self, hosts: int, rate: str = "1gbit", *, tag: str = DEFAULT_TAG, burst: Optional[str] = None,
-                 queue_ms: float = DEFAULT_QUEUE_MS, state_dir: Optional[str] = None, subnet: Optional[int] = None):
+                 queue_ms: float = DEFAULT_QUEUE_MS, state_dir: Optional[str] = None, subnet: Optional[int] = None,
+                 congestion: Optional[str] = DEFAULT_CONGESTION):
         if not 1 <= int(hosts) <= MAX_HOSTS:
             raise ValueError(f"hosts={hosts}: the emulated switch takes 1 to {MAX_HOSTS} hosts")
         self.hosts = int(hosts)
@@ -66,6 +88,9 @@ class SwitchFleet:
         if queue_ms <= 0:
             raise ValueError(f"queue_ms={queue_ms}: must be positive")
         self.queue_ms = float(queue_ms)
+        if congestion is not None and not re.fullmatch(r"[a-z0-9_]{1,15}", congestion):
+            raise ValueError(f"congestion={congestion!r}: a Linux TCP congestion control name, e.g. cubic, reno, bbr")
+        self.congestion = congestion
         self.state_dir = state_dir
         self.subnet = subnet  # the <k> of 10.213.<k>.0/24, chosen by up() when None
         self.ifname = IFNAME
@@ -103,8 +128,9 @@ class SwitchFleet:
 
     def describe(self) -> str:
         sub = f", {SUBNET_PREFIX}.{self.subnet}.0/24" if self.subnet is not None else ""
+        tcp = f", TCP {self.congestion}" if self.congestion else ""
         return (f"switch {self.tag!r}: {self.hosts} hosts at {self.rate} full duplex "
-                f"(tbf burst {self.burst_bytes // 1000} KB, queue {self.queue_ms:g} ms{sub})")
+                f"(tbf burst {self.burst_bytes // 1000} KB, queue {self.queue_ms:g} ms{tcp}{sub})")
 
     # -- up / down ----------------------------------------------------------------------------------------
 
@@ -139,11 +165,15 @@ class SwitchFleet:
         run(["ip", "link", "add", self.bridge, "type", "bridge", "nf_call_iptables", "0", "nf_call_ip6tables", "0",
              "nf_call_arptables", "0"], what=f"creating the switch {self.bridge}")
         run(["ip", "link", "set", self.bridge, "up"], what="bringing the switch up")
+        if self.congestion:
+            self._allow_congestion()
         for i in range(self.hosts):
             ns, veth, ip = self.netns(i), self.veth(i), self.host_ip(i)
             what = f"host {i} ({ns})"
             run(["ip", "netns", "add", ns], what=what)
             run(["ip", "-n", ns, "link", "set", "lo", "up"], what=what)
+            if self.congestion:
+                self._set_congestion(ns, what)
             run(["ip", "link", "add", veth, "type", "veth", "peer", "name", IFNAME, "netns", ns], what=what)
             run(["ip", "link", "set", veth, "master", self.bridge], what=what)
             run(["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", IFNAME], what=what)
@@ -152,6 +182,32 @@ class SwitchFleet:
             # from the host: its own interface's egress; to the host: the switch port's egress
             run(["tc", "-n", ns, "qdisc", "add", "dev", IFNAME, "root", *self._tbf()], what=f"{what}: shaping")
             run(["tc", "qdisc", "add", "dev", veth, "root", *self._tbf()], what=f"{what}: shaping")
+
+    def _allow_congestion(self) -> None:
+        """A namespace may default only to an algorithm in the machine's tcp_allowed_congestion_control (the
+        ones unprivileged programs may pick): the named one is added there when the kernel has it."""
+        allowed = _read_sysctl("tcp_allowed_congestion_control").split()
+        available = _read_sysctl("tcp_available_congestion_control").split()
+        if self.congestion in allowed or self.congestion not in available:
+            return
+        try:
+            with open(_sysctl_path("tcp_allowed_congestion_control"), "w") as f:
+                f.write(" ".join(allowed + [self.congestion]))
+        except OSError:
+            pass  # _set_congestion says what is wrong
+
+    def _set_congestion(self, ns: str, what: str) -> None:
+        """The namespace's default TCP congestion control (a per-namespace sysctl, written from inside it)."""
+        path = _sysctl_path("tcp_congestion_control")
+        done = netns.run(["ip", "netns", "exec", ns, "sh", "-c", f"echo {self.congestion} > {path}; cat {path}"],
+                         check=False, what=what)
+        if done.returncode != 0 or done.stdout.strip() != self.congestion:
+            raise SwitchError(f"{what}: cannot set TCP congestion control {self.congestion!r} "
+                              f"({(done.stderr or done.stdout).strip() or 'not taken'}); this kernel has "
+                              f"{_read_sysctl('tcp_available_congestion_control') or 'none listed'}, of which "
+                              f"namespaces may use {_read_sysctl('tcp_allowed_congestion_control') or 'none'}: "
+                              f"pass another (--congestion NAME), or --congestion system to keep the machine's "
+                              f"default")
 
     def _tbf(self) -> List[str]:
         return ["tbf", "rate", f"{self.rate_bps}bit", "burst", str(self.burst_bytes),
@@ -190,6 +246,7 @@ class SwitchFleet:
     def record(self) -> dict:
         return {"tag": self.tag, "hosts": self.hosts, "rate_bps": self.rate_bps, "burst_bytes": self.burst_bytes,
                 "queue_ms": self.queue_ms, "subnet": self.subnet, "ifname": self.ifname,
+                "congestion": self.congestion,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
     @classmethod
@@ -200,7 +257,8 @@ class SwitchFleet:
             raise SwitchError(f"no switch {tag!r} is up (`mccl switch up --tag {tag}` makes one; "
                               f"`mccl switch status` lists them)")
         fleet = cls(record["hosts"], f"{record['rate_bps']}bit", tag=tag, burst=str(record["burst_bytes"]),
-                    queue_ms=record["queue_ms"], state_dir=state_dir, subnet=record["subnet"])
+                    queue_ms=record["queue_ms"], state_dir=state_dir, subnet=record["subnet"],
+                    congestion=record.get("congestion"))
         fleet._up = True
         return fleet
 
