@@ -16,6 +16,7 @@ the same values, so one rank's are enough. Elsewhere (macOS) every counter reads
 from __future__ import annotations
 
 import os
+import time
 from typing import Dict, Iterable, List, Tuple
 
 FIELDS = ("busy_cores", "softirq_cores", "max_busy", "max_softirq", "squeezed", "backlog_drops")
@@ -47,8 +48,6 @@ def _softnet() -> Tuple[int, int]:
 
 
 def read() -> Snapshot:
-    import time
-
     squeezed, dropped = _softnet()
     return _cpus(), squeezed, dropped, time.monotonic()
 

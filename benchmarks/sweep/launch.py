@@ -138,8 +138,7 @@ def placement(nproc: int, hosts: Optional[int] = None, rate: str = "1gbit", swit
         yield Placement(nproc, fleet, log=log)
         return
     _check(nproc, hosts)
-    fleet = SwitchFleet(hosts, rate, tag=random_tag(), burst=burst,
-                        congestion=None if congestion in (None, "system") else congestion)
+    fleet = SwitchFleet(hosts, rate, tag=random_tag(), burst=burst, congestion=congestion)
     with fleet:
         if log:
             log(f"emulated {fleet.describe()}")

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     try:
         if cmd == "up":
             fleet = SwitchFleet(args.hosts, args.rate, tag=args.tag, burst=args.burst, queue_ms=args.queue_ms,
-                                congestion=None if args.congestion == "system" else args.congestion)
+                                congestion=args.congestion)
             fleet.up()
             out.print(hosts_table(fleet))
             log(f"up; run commands on a host with `mccl switch exec HOST{_tag_opt(args.tag)} -- CMD`, "

@@ -19,7 +19,7 @@ Each host's TCP uses the congestion control `congestion` (default cubic: macOS's
 distributions'), set in its namespace, whatever the machine's own default is. Machines that default to BBR
 (the GPU host does) would otherwise give every emulated host BBR, whose periodic round-trip probe (a flow's
 window cut to 4 packets for 200 ms, every 10 s) slows a ring on 4-8 hosts by a quarter now and then
-(docs/performance.md, *The slow mode*). `congestion=None` keeps the machine's default. A namespace may
+(docs/performance.md, *The slow mode*). `congestion="system"` (or None) keeps the machine's default. A namespace may
 only default to an algorithm of the machine's tcp_allowed_congestion_control (those unprivileged programs may
 pick), so `up()` adds the named one there when it is missing.
 
@@ -45,6 +45,7 @@ _TAG = re.compile(r"^[a-z0-9]{1,7}$")
 MAX_HOSTS = 254
 DEFAULT_QUEUE_MS = 10.0
 DEFAULT_CONGESTION = "cubic"  # the hosts' TCP congestion control: what a Mac's TCP runs (docstring)
+SYSTEM_CONGESTION = "system"  # the machine's own default instead
 
 
 def _sysctl_path(name: str) -> str:
@@ -88,6 +89,8 @@ class SwitchFleet:
         if queue_ms <= 0:
             raise ValueError(f"queue_ms={queue_ms}: must be positive")
         self.queue_ms = float(queue_ms)
+        if congestion == SYSTEM_CONGESTION:
+            congestion = None
         if congestion is not None and not re.fullmatch(r"[a-z0-9_]{1,15}", congestion):
             raise ValueError(f"congestion={congestion!r}: a Linux TCP congestion control name, e.g. cubic, reno, bbr")
         self.congestion = congestion
