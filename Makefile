@@ -137,11 +137,14 @@ test-arm64: $(VENV)/.tools
 # take what the three leave. The engine's tests then run alone: their heartbeat timeouts of 0.6 s are missed
 # on a busy machine. The cross builds (zig, mostly one thread each) and the torch binding's build share the
 # cores; pytest runs in its workers. 2 cores: docs/testing.md.
+# Each stage prints its wall time (docs/testing.md's table).
+ELAPSED = echo "make test: $(1) in $$(( $$(date +%s) - t )) s"
 test: $(VENV)/.tools
-	$(MAKE) -j4 $(VENV)/.deps cross-toolchains build-engine build-sanitize
-	$(MAKE) test-engine test-sanitize
-	$(MAKE) -j3 check-macos test-arm64 build
-	$(MAKE) test-python test-lightning-oldest
+	t=$$(date +%s); $(MAKE) -j4 $(VENV)/.deps cross-toolchains build-engine build-sanitize && $(call ELAPSED,installs and engine builds)
+	t=$$(date +%s); $(MAKE) test-engine test-sanitize && $(call ELAPSED,ctest plain and ASan+UBSan)
+	t=$$(date +%s); $(MAKE) -j3 check-macos test-arm64 build && $(call ELAPSED,cross builds and the binding)
+	t=$$(date +%s); $(MAKE) test-python && $(call ELAPSED,pytest)
+	t=$$(date +%s); $(MAKE) test-lightning-oldest && $(call ELAPSED,the oldest Lightning)
 
 cross-toolchains: $(VENV)/.tools
 	$(PY) tools/cross.py toolchains

@@ -59,9 +59,12 @@ def test_fleet_ddp_writes_table_and_weights_agree(tmp_path):
             # each rank's parts add up to its own step, and the mean over ranks stays within the slowest rank's time
             assert 0 < sum(float(s[f"tl_{p}"]) for p in parts) <= float(s["time_s"]) * 1.01, s
         assert all(int(s[f"tcp_{c}"]) >= 0 for c in ("retrans_segs", "rto_timeouts", "loss_probes", "zero_windows")), s
-        # the step kept at least one CPU busy (this process's), no CPU above saturation
-        assert float(s["cpu_busy_cores"]) > 0.2 and 0 < float(s["cpu_max_busy"]) <= 1.0, s
+        # no CPU above saturation (a step of a few ms can fall between two of /proc/stat's 10 ms ticks: 0)
+        assert 0 <= float(s["cpu_max_busy"]) <= 1.0, s
         assert 0 <= float(s["cpu_softirq_cores"]) <= float(s["cpu_busy_cores"]) + 1e-6, s
+    # over all the steps, the ranks kept at least a core busy in all (each rank's own process)
+    busy_s = sum(float(s["cpu_busy_cores"]) * float(s["time_s"]) for s in steps)
+    assert busy_s > 0.2 * sum(float(s["time_s"]) for s in steps), steps
     assert all(int(r["tcp_retrans_segs"]) >= 0 for r in rows.values())  # every series, Gloo's too
     md = (out / "results.md").read_text()
     assert "## Where the mccl steps go" in md
