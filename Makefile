@@ -113,7 +113,7 @@ $(LIGHTNING_OLDEST_DIR): $(VENV)/.deps
 
 test-lightning-oldest: build $(LIGHTNING_OLDEST_DIR)
 	PYTHONPATH=$(LIGHTNING_OLDEST_DIR) $(PY) -c "import lightning as L; assert L.__version__ == '$(LIGHTNING_OLDEST)', L.__file__"
-	PYTHONPATH=$(LIGHTNING_OLDEST_DIR) $(PYTEST) $(LIGHTNING_OLDEST_TESTS)
+	PYTHONPATH=$(LIGHTNING_OLDEST_DIR) $(PYTEST) --durations=10 $(LIGHTNING_OLDEST_TESTS)
 
 
 # Built for the Mac without a Mac (docs/cross_builds.md), with zig. check-macos compiles and links the

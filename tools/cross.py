@@ -2,22 +2,22 @@
 
     python tools/cross.py macos --torch-version 2.9.1   # make check-macos
     python tools/cross.py arm64                         # make test-arm64
-    python tools/cross.py toolchains                    # make cross-toolchains: both targets' libc++ first
+    python tools/cross.py toolchains                    # make cross-toolchains: arm64's libc++ and musl first
 
 macos: compiles every engine source and links every C++ test into arm64 Mach-O executables
 (`-target aarch64-macos`), then compiles the torch binding against the macOS arm64 torch wheel's headers and
-links it into a Mach-O bundle against that wheel's dylibs. Only Python's C API stays undefined (resolved by
-the interpreter at load time, as for every macOS extension): the link first runs without
-`-undefined dynamic_lookup`, and every symbol it reports missing must be a Python one. Nothing is run.
+links it into a Mach-O bundle against that wheel's dylibs. Each link leaves out the C++ runtime, which a Mac
+provides as a system library (libc++.1.dylib, as Apple's clang links it): it first runs without `-undefined
+dynamic_lookup`, and every symbol it reports missing must be the C++ runtime's (and, for the bundle, Python's
+C API, which the interpreter provides). Nothing is run.
 
 arm64: builds the engine (as one unit, like setup.py) and the C++ tests it runs for aarch64-linux-musl
 (-static), checks that the reduction kernels compiled to NEON code (see docs/cross_builds.md), and runs
 those tests under qemu-aarch64-static with MCCL_TEST_QUICK=1 (smaller buffers and worlds; same cases).
 
-toolchains: links a small C++ program for each target, in the modes the two above link in, so that zig
-builds and caches what they link against (libc++ for both, musl for arm64: 95 and 130 s on one core each),
-which it otherwise does at their first link. `make test` runs it beside torch's install, which leaves a core
-idle.
+toolchains: links a small C++ program for arm64 Linux, in the mode that test_arm64 links in, so that zig
+builds and caches what it links against (libc++ and musl: 130 s on one core), which it otherwise does at the
+first link. `make test` runs it beside torch's install.
 
 Objects are rebuilt only when a source or any header is newer, in parallel over the host's cores.
 """
@@ -52,6 +52,10 @@ WARN = ["-Wall", "-Wextra", "-Werror"]  # the engine's own sources; tests and bi
 MACOS_OPT = ("-O0", "-fno-sanitize=undefined")
 # Python C API symbols (what an extension leaves for the interpreter to provide).
 PYTHON_SYMBOL = re.compile(r"^__?Py|^_PyExc_|^__Py_")
+# The C++ runtime's symbols, Mach-O spelling (a leading underscore): std:: (libc++), the Itanium ABI's
+# __cxa_*/__cxxabiv1 and typeinfo (libc++abi), operator new and delete, the unwinder.
+CXX_RUNTIME_SYMBOL = re.compile(r"^__Z(T[ISTV])?N?K?St|^__ZT[ISV]N10__cxxabiv1|^__ZTI[a-zA-Z]+$|^__Z[nd][wa]|^__Zdl|"
+                                r"^___cxa_|^___gxx_personality|^___dynamic_cast|^__Unwind_")
 
 
 def zig() -> list:
@@ -67,7 +71,7 @@ def newest_header() -> float:
 
 
 def stale(target: Path, sources: list) -> bool:
-    if not target.exists():
+    if not target.exists() or target.stat().st_size == 0:  # zig leaves an empty output when a link fails
         return True
     t = target.stat().st_mtime
     return any(os.path.getmtime(s) > t for s in sources) or newest_header() > t
@@ -95,25 +99,48 @@ def compile_all(target: str, out: Path, sources: list, flags: list, jobs: int) -
     return objects
 
 
-def link_all(target: str, out: Path, engine_objs: list, link_flags: list, jobs: int, only=None, opt=("-O2",)) -> dict:
-    """Each engine test (and the fuzz driver), or those named in `only`, into an executable; {name: path}."""
+def link_all(target: str, out: Path, engine_objs: list, link_flags: list, jobs: int, only=None, opt=("-O2",),
+             left_to_loader=None) -> dict:
+    """Each engine test (and the fuzz driver), or those named in `only`, into an executable; {name: path}.
+    With `left_to_loader` (a pattern), the link leaves those symbols undefined (see link_leaving)."""
     cflags = ["-std=c++17", *opt, "-Wall", "-Wextra", f"-I{ROOT}/csrc/engine", f"-I{ROOT}/tests/engine", f"-I{ROOT}/tests/fuzz"]
-    out.mkdir(parents=True, exist_ok=True)
     programs = {Path(t).stem: [t] for t in TESTS}
     programs["fuzz_wire_driver"] = FUZZ_DRIVER
     if only is not None:
         programs = {name: programs[name] for name in only}
+    sources = sorted({src for srcs in programs.values() for src in srcs})
+    objects = dict(zip(sources, compile_all(target, out / "obj", sources, cflags, jobs)))
 
     def one(item):
         name, srcs = item
         exe = out / name
-        if stale(exe, srcs + [str(o) for o in engine_objs]):
-            checked(zig() + ["c++", "-target", target, *cflags, *srcs, *engine_objs, *link_flags, "-o", exe],
-                    f"linking {name}")
+        objs = [objects[src] for src in srcs] + list(engine_objs)
+        if stale(exe, [str(o) for o in objs]):
+            cmd = zig() + ["c++", "-target", target, *opt, *objs, *link_flags, "-o", exe]
+            if left_to_loader is None:
+                checked(cmd, f"linking {name}")
+            else:
+                link_leaving(cmd, left_to_loader, f"linking {name}")
         return name, exe
 
     with ThreadPoolExecutor(jobs) as pool:
         return dict(pool.map(one, programs.items()))
+
+
+def link_leaving(cmd: list, allowed: re.Pattern, what: str) -> list:
+    """Links with `cmd`, whose output leaves some symbols to the loader (a system library, the interpreter):
+    first as it is, which lists every symbol that nothing given provides, and all of them must match
+    `allowed`; then with `-undefined dynamic_lookup`, as a Mac build links against what its loader provides.
+    Returns the symbols left."""
+    r = run(cmd)
+    missing = sorted(set(re.findall(r"undefined symbol: (\S+)", r.stdout + r.stderr)))
+    unexpected = [s for s in missing if not allowed.search(s)]
+    if unexpected or (r.returncode != 0 and not missing):
+        sys.exit(f"cross: {what} failed: missing symbols that no library provides: {unexpected[:20]}\n"
+                 f"  {' '.join(map(str, cmd))}\n{(r.stdout + r.stderr)[-3000:]}")
+    if missing:
+        checked(cmd + ["-undefined", "dynamic_lookup"], what)
+    return missing
 
 
 def unity(path: Path, sources: list) -> Path:
@@ -162,7 +189,8 @@ def check_macos(args) -> None:
     # run, by test_arm64 at -O3). The engine as one unit, as setup.py builds it.
     objs = compile_all(target, out / "engine", [unity(out / "unity" / "engine.cc", ENGINE)],
                        engine_flags(opt=MACOS_OPT), 1)
-    exes = link_all(target, out / "bin", objs, [], args.jobs, opt=MACOS_OPT)
+    exes = link_all(target, out / "bin", objs, ["-nostdlib++"], args.jobs, opt=MACOS_OPT,
+                    left_to_loader=CXX_RUNTIME_SYMBOL)
     for exe in exes.values():
         head = exe.read_bytes()[:4]
         if head != b"\xcf\xfa\xed\xfe":  # MH_MAGIC_64, little-endian
@@ -182,17 +210,14 @@ def check_macos(args) -> None:
     units = [unity(out / "unity" / "binding.cpp", [b for b in BINDING if b != MODULE]), MODULE]
     bobjs = compile_all(target, out / "binding", units, bflags, args.jobs)
     bundle = out / "_C.so"
-    link = zig() + ["c++", "-target", target, "-shared", *bobjs, *objs, f"-L{torch_dir}/lib", "-lc10", "-ltorch",
-                    "-ltorch_cpu", "-ltorch_python", "-o", bundle]
-    r = run(link)  # without dynamic_lookup: lists every symbol that no library provides
-    missing = sorted(set(re.findall(r"undefined symbol: (\S+)", r.stdout + r.stderr)))
-    not_python = [s for s in missing if not PYTHON_SYMBOL.search(s)]
-    if not_python or (r.returncode != 0 and not missing):
-        sys.exit(f"cross: the torch binding does not link against torch {version} for {target}; missing "
-                 f"non-Python symbols: {not_python[:20]}\n{(r.stdout + r.stderr)[-3000:]}")
-    checked(link + ["-undefined", "dynamic_lookup"], "linking the torch binding")
+    link = zig() + ["c++", "-target", target, *MACOS_OPT, "-shared", "-nostdlib++", *bobjs, *objs,
+                    f"-L{torch_dir}/lib", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", "-o", bundle]
+    either = re.compile(f"{PYTHON_SYMBOL.pattern}|{CXX_RUNTIME_SYMBOL.pattern}")
+    missing = link_leaving(link, either, f"linking the torch binding against torch {version}")
+    python = sum(1 for s in missing if PYTHON_SYMBOL.search(s))
     print(f"macos: torch binding ({len(BINDING)} files in {len(bobjs)} units) compiled against torch {version}'s headers and linked "
-          f"against its dylibs ({len(missing)} Python symbols left to the interpreter) in {time.time() - t0:.0f} s")
+          f"against its dylibs ({python} Python and {len(missing) - python} C++ runtime symbols left to the "
+          f"interpreter and the system) in {time.time() - t0:.0f} s")
 
 
 def check_neon(out: Path) -> None:
@@ -250,8 +275,8 @@ def test_arm64(args) -> None:
         sys.exit(f"cross: failed under qemu-aarch64: {failed}")
 
 
-# The link modes of check_macos and test_arm64: zig caches a target's libc++ per mode.
-TOOLCHAINS = {"aarch64-macos": list(MACOS_OPT), "aarch64-linux-musl": ["-O2", "-static"]}
+# The link mode of test_arm64 (zig caches a target's libc++ per mode); check_macos links no C++ runtime.
+TOOLCHAINS = {"aarch64-linux-musl": ["-O2", "-static"]}
 HELLO = "#include <string>\n#include <thread>\nint main() { std::string s(\"x\"); std::thread([] {}).join(); }\n"
 
 
@@ -288,7 +313,7 @@ def main() -> None:
     a.add_argument("--timeout", type=float, default=300.0, help="seconds per test program")
     for s in (m, a):
         s.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
-    t = sub.add_parser("toolchains", help="build zig's C++ runtime for both targets into its cache")
+    t = sub.add_parser("toolchains", help="build zig's C++ runtime for arm64 Linux into its cache")
     t.add_argument("--out", default=str(ROOT / "build/cross/toolchains"))
     args = p.parse_args()
     {"macos": check_macos, "arm64": test_arm64, "toolchains": toolchains}[args.what](args)

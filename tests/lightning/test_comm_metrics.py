@@ -1,7 +1,8 @@
-"""CommMetrics in real fits on 2 and 3 CPU ranks over mccl (comm_metrics_script.py): the logged
+"""CommMetrics in a real fit on 3 CPU ranks over mccl (comm_metrics_script.py): the logged
 comm/bytes_per_step is the ring's 2(n-1)/n of the known gradient, the CSV log has every comm/* column, and a
 rank made slow on purpose (a sleep in its training step) is named in the straggler warning, shows as the
-fleet's step time, and leaves the others waiting (their exposed fraction), not itself."""
+fleet's step time, and leaves the others waiting (their exposed fraction), not itself. (On 2 ranks, where
+2(n-1)/n is 1, the ViT recipe's main-job test checks comm/bytes_per_step against the gradient's size.)"""
 from __future__ import annotations
 
 import csv
@@ -42,10 +43,10 @@ def fit(tmp_path, world: int, *slow) -> list:
 def fits(tmp_path_factory):
     root = tmp_path_factory.mktemp("comm_metrics")
     sys.path.insert(0, HERE)
-    return {2: fit(root, 2), 3: fit(root, 3, 1, SLEEP_S)}
+    return {3: fit(root, 3, 1, SLEEP_S)}
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [3])
 def test_bytes_per_step_is_the_rings_share_of_the_gradient(fits, world):
     from comm_metrics_script import EVERY, GRAD_COUNT, STEPS
 

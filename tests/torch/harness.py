@@ -46,7 +46,8 @@ FAILURE_GRACE_S = 15.0
 KILL_GRACE_S = 2.0
 # What the fork server imports once for every rank: torch reads none of the MCCL_* variables, and the tests'
 # torch variables (GLOO_SOCKET_IFNAME, OMP_NUM_THREADS) are read when a group or a thread pool starts.
-PRELOAD = ["torch", "torch.distributed", "numpy"]
+# torch._dynamo is what DDP's constructor imports (2-3 s of CPU in each rank that makes a DDP model).
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "numpy"]
 _ctx = None
 
 
