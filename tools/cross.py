@@ -2,22 +2,22 @@
 
     python tools/cross.py macos --torch-version 2.9.1   # make check-macos
     python tools/cross.py arm64                         # make test-arm64
-    python tools/cross.py toolchains                    # make cross-toolchains: arm64's libc++ and musl first
+    python tools/cross.py toolchains                    # make cross-toolchains: what both targets link, first
 
 macos: compiles every engine source and links every C++ test into arm64 Mach-O executables
 (`-target aarch64-macos`), then compiles the torch binding against the macOS arm64 torch wheel's headers and
 links it into a Mach-O bundle against that wheel's dylibs. Each link leaves out the C++ runtime, which a Mac
-provides as a system library (libc++.1.dylib, as Apple's clang links it): it first runs without `-undefined
-dynamic_lookup`, and every symbol it reports missing must be the C++ runtime's (and, for the bundle, Python's
-C API, which the interpreter provides). Nothing is run.
+provides as a system library (libc++.1.dylib, as Apple's clang links it), with `-undefined dynamic_lookup`,
+and every symbol that no library given provides (tools/macho.py reads them from the output) must be the C++
+runtime's (and, for the bundle, Python's C API, which the interpreter provides). Nothing is run.
 
 arm64: builds the engine (as one unit, like setup.py) and the C++ tests it runs for aarch64-linux-musl
 (-static), checks that the reduction kernels compiled to NEON code (see docs/cross_builds.md), and runs
 those tests under qemu-aarch64-static with MCCL_TEST_QUICK=1 (smaller buffers and worlds; same cases).
 
-toolchains: links a small C++ program for arm64 Linux, in the mode that test_arm64 links in, so that zig
-builds and caches what it links against (libc++ and musl: 130 s on one core), which it otherwise does at the
-first link. `make test` runs it beside torch's install.
+toolchains: links a small C++ program for each target, in the modes the two above link in, so that zig
+builds and caches what they link against (compiler-rt for macOS; libc++ and musl for arm64 Linux, 130 s on
+one core), which it otherwise does at their first link. `make test` runs it beside torch's install.
 
 Objects are rebuilt only when a source or any header is newer, in parallel over the host's cores.
 """
@@ -34,6 +34,8 @@ import sysconfig
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from macho import unbound_symbols
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = sorted(glob.glob(str(ROOT / "csrc/engine/*.cc")) + glob.glob(str(ROOT / "csrc/engine/algorithms/*.cc")) + glob.glob(str(ROOT / "csrc/engine/transport/*.cc")))
@@ -128,19 +130,17 @@ def link_all(target: str, out: Path, engine_objs: list, link_flags: list, jobs: 
 
 
 def link_leaving(cmd: list, allowed: re.Pattern, what: str) -> list:
-    """Links with `cmd`, whose output leaves some symbols to the loader (a system library, the interpreter):
-    first as it is, which lists every symbol that nothing given provides, and all of them must match
-    `allowed`; then with `-undefined dynamic_lookup`, as a Mac build links against what its loader provides.
-    Returns the symbols left."""
-    r = run(cmd)
-    missing = sorted(set(re.findall(r"undefined symbol: (\S+)", r.stdout + r.stderr)))
-    unexpected = [s for s in missing if not allowed.search(s)]
-    if unexpected or (r.returncode != 0 and not missing):
-        sys.exit(f"cross: {what} failed: missing symbols that no library provides: {unexpected[:20]}\n"
-                 f"  {' '.join(map(str, cmd))}\n{(r.stdout + r.stderr)[-3000:]}")
-    if missing:
-        checked(cmd + ["-undefined", "dynamic_lookup"], what)
-    return missing
+    """Links with `cmd` (a Mach-O output, after "-o") and `-undefined dynamic_lookup`, leaving symbols to the
+    loader (a system library, the interpreter); every symbol that no library given provides must match
+    `allowed`. Returns those symbols."""
+    checked(cmd + ["-undefined", "dynamic_lookup"], what)
+    output = Path(cmd[cmd.index("-o") + 1])
+    left = unbound_symbols(output)
+    unexpected = [s for s in left if not allowed.search(s)]
+    if unexpected:
+        output.unlink()
+        sys.exit(f"cross: {what}: symbols that no library provides: {unexpected[:20]}\n  {' '.join(map(str, cmd))}")
+    return left
 
 
 def unity(path: Path, sources: list) -> Path:
@@ -191,10 +191,6 @@ def check_macos(args) -> None:
                        engine_flags(opt=MACOS_OPT), 1)
     exes = link_all(target, out / "bin", objs, ["-nostdlib++"], args.jobs, opt=MACOS_OPT,
                     left_to_loader=CXX_RUNTIME_SYMBOL)
-    for exe in exes.values():
-        head = exe.read_bytes()[:4]
-        if head != b"\xcf\xfa\xed\xfe":  # MH_MAGIC_64, little-endian
-            sys.exit(f"cross: {exe} is not a 64-bit Mach-O file")
     print(f"macos: engine ({len(ENGINE)} files in one unit) and {len(exes)} test programs linked for {target} "
           f"in {time.time() - t0:.0f} s")
 
@@ -275,26 +271,28 @@ def test_arm64(args) -> None:
         sys.exit(f"cross: failed under qemu-aarch64: {failed}")
 
 
-# The link mode of test_arm64 (zig caches a target's libc++ per mode); check_macos links no C++ runtime.
-TOOLCHAINS = {"aarch64-linux-musl": ["-O2", "-static"]}
-HELLO = "#include <string>\n#include <thread>\nint main() { std::string s(\"x\"); std::thread([] {}).join(); }\n"
+# The link modes of check_macos (no C++ runtime) and test_arm64, each with a program that links what theirs
+# do (zig caches what a target links per mode): compiler-rt for macOS; libc++ and musl for arm64 Linux.
+HELLO_STD = "#include <string>\n#include <thread>\nint main() { std::string s(\"x\"); std::thread([] {}).join(); }\n"
+TOOLCHAINS = {"aarch64-macos": ([*MACOS_OPT, "-nostdlib++"], "int main() { return 0; }\n"),
+              "aarch64-linux-musl": (["-O2", "-static"], HELLO_STD)}
 
 
 def toolchains(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    src = out / "hello.cc"
-    src.write_text(HELLO)
 
     def one(item):
-        target, flags = item
+        target, (flags, program) = item
+        src = out / f"hello-{target}.cc"
+        src.write_text(program)
         t0 = time.time()
         checked(zig() + ["c++", "-target", target, *flags, src, "-o", out / f"hello-{target}"],
                 f"linking a C++ program for {target}")
         return f"{target} in {time.time() - t0:.0f} s"
 
     with ThreadPoolExecutor(len(TOOLCHAINS)) as pool:
-        print(f"toolchains: zig's C++ runtime built for {', '.join(pool.map(one, TOOLCHAINS.items()))}")
+        print(f"toolchains: what zig links built for {', '.join(pool.map(one, TOOLCHAINS.items()))}")
 
 
 def main() -> None:
@@ -313,7 +311,7 @@ def main() -> None:
     a.add_argument("--timeout", type=float, default=300.0, help="seconds per test program")
     for s in (m, a):
         s.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
-    t = sub.add_parser("toolchains", help="build zig's C++ runtime for arm64 Linux into its cache")
+    t = sub.add_parser("toolchains", help="build what both targets link into zig's cache")
     t.add_argument("--out", default=str(ROOT / "build/cross/toolchains"))
     args = p.parse_args()
     {"macos": check_macos, "arm64": test_arm64, "toolchains": toolchains}[args.what](args)
