@@ -140,10 +140,11 @@ test-arm64: $(VENV)/.tools
 
 
 # Torch's install leaves a core idle: zig builds the C++ runtime and musl for arm64 Linux beside it (130 s on
-# one core alone, which test-arm64 would otherwise spend first; check-macos links none), and the engine's two
-# builds take what the two leave. The engine's tests then run alone: their heartbeat timeouts of 0.6 s are
-# missed on a busy machine. The cross builds (zig, mostly one thread each) and the torch binding's build share
-# the cores; pytest runs in its workers. Each stage prints its wall time (2 cores: docs/testing.md).
+# one core alone, which test-arm64 would otherwise spend first; for macOS only compiler-rt, since check-macos
+# links no C++ runtime), and the engine's two builds take what the two leave. The engine's tests then run
+# alone: their heartbeat timeouts of 0.6 s are missed on a busy machine. The cross builds (zig, mostly one
+# thread each) and the torch binding's build share the cores; pytest runs in its workers. Each stage prints
+# its wall time (2 cores: docs/testing.md).
 ELAPSED = echo "make test: $(1) in $$(( $$(date +%s) - t )) s"
 test: $(VENV)/.tools
 	t=$$(date +%s); $(MAKE) -j4 $(VENV)/.deps cross-toolchains build-engine build-sanitize && $(call ELAPSED,installs and engine builds)
