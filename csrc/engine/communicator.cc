@@ -118,8 +118,7 @@ WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, 
     // arrive exact (DDP's broadcast of the initial weights, for one).
     const bool reduction = kind == CollectiveKind::kAllreduce || kind == CollectiveKind::kReduce ||
                            kind == CollectiveKind::kReduceScatter;
-    if (dtype == DataType::kFloat32 && config_.wire_dtype != DataType::kFloat32 && reduction)
-      id.wire_dtype = static_cast<uint8_t>(config_.wire_dtype);
+    if (dtype == DataType::kFloat32 && reduction) id.wire_dtype = static_cast<uint8_t>(wire_type_of_setting(config_.wire_dtype));
     order_->add(PendingCollective{id, std::move(body), work, t_start_after, Clock::now()}, order_);
     wake = !spinning_;
   }

@@ -223,8 +223,8 @@ TEST(compressed_ring_over_reduce_threads_equals_one_thread) {
   }
 }
 
-// A wire buffer is in use from take() on: one taken but not yet held by a request (wire_buffer() before
-// send_narrowed()) is not handed out again; one whose request is done is.
+// A wire buffer is in use from take() on: one taken but not yet held by a request (an onward encoding before
+// its send) is not handed out again; one whose request is done is.
 TEST(a_wire_buffer_is_in_use_from_take_until_its_request_is_done) {
   WireBuffers buffers;
   char* taken = buffers.take(64);

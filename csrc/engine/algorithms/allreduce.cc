@@ -40,7 +40,6 @@ void allreduce_recursive_doubling(Collective& c, void* buf, size_t count) {
     int p = 1;
     while (p * 2 <= n) p *= 2;
     const int extra = n - p;
-    char* incoming = c.scratch(0, bytes);
     uint32_t step = 0;
 
     int new_rank;
@@ -52,8 +51,9 @@ void allreduce_recursive_doubling(Collective& c, void* buf, size_t count) {
         c.wait(back);
         new_rank = -1;
       } else {
-        c.wait(c.recv(r - 1, incoming, bytes, 0, step));
-        c.reduce(data, incoming, count);
+        auto in = c.recv_to_reduce(r - 1, bytes, 0, step);
+        c.wait(in);
+        c.reduce_received(data, in, bytes);
         new_rank = r / 2;
       }
     } else {
@@ -65,14 +65,14 @@ void allreduce_recursive_doubling(Collective& c, void* buf, size_t count) {
       auto real_rank = [extra](int v) { return v < extra ? v * 2 + 1 : v + extra; };
       for (int mask = 1; mask < p; mask <<= 1, ++step) {
         int partner = real_rank(new_rank ^ mask);
-        c.round_to_wire(data, bytes);  // both partners then add the same two (rounded) operands
-        auto in = c.recv(partner, incoming, bytes, 0, step);
+        c.keep_as_sent(data, bytes);  // both partners then add the same two operands
+        auto in = c.recv_to_reduce(partner, bytes, 0, step);
         auto out = c.send(partner, data, bytes, 0, step);
         c.wait(in);
         c.wait(out);  // `data` is about to change: the send must have left it
-        c.reduce(data, incoming, count);
+        c.reduce_received(data, in, bytes);
       }
-      c.round_to_wire(data, bytes);  // what the folded-out ranks will receive
+      c.keep_as_sent(data, bytes);  // what the folded-out ranks will receive
       if (r < 2 * extra) c.wait(c.send(r - 1, data, bytes, 0, kUnfoldStep));
     }
   }

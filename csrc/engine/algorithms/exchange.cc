@@ -77,7 +77,7 @@ void reduce_scatter_ring(Collective& c, const void* in, size_t count, void* out)
 void reduce_scatter_recursive_doubling(Collective& c, const void* in, size_t count, void* out) {
   const int n = c.size(), r = c.rank();
   const size_t bytes = count * dtype_size(c.dtype());
-  char* work = c.scratch(1, bytes * n);  // allreduce_recursive_doubling uses slot 0
+  char* work = c.scratch(1, bytes * n);
   if (bytes) std::memcpy(work, in, bytes * n);
   allreduce_recursive_doubling(c, work, count * static_cast<size_t>(n));
   if (bytes) std::memcpy(out, work + static_cast<size_t>(r) * bytes, bytes);

@@ -30,7 +30,6 @@ void broadcast(Collective& c, void* buf, size_t count, int root) {
   if (n == 1) return;
   const size_t esize = dtype_size(c.dtype()), bytes = count * esize;
   char* data = static_cast<char*>(buf);
-  if (r == root) c.round_to_wire(data, bytes);  // the root keeps what the others receive
   if (tree(c, CollectiveKind::kBroadcast, count)) {
     const Relative rel{n, root};
     const int vr = rel.of(r);
@@ -77,15 +76,15 @@ void reduce(Collective& c, void* buf, size_t count, int root) {
   if (n > 1 && tree(c, CollectiveKind::kReduce, count)) {
     const Relative rel{n, root};
     const int vr = rel.of(r);
-    char* incoming = c.scratch(0, bytes);
     for (int mask = 1; mask < n; mask <<= 1) {
       if (vr & mask) {
         c.wait(c.send(rel.real(vr - mask), acc, bytes, 0, 0));
         break;
       }
       if (vr + mask < n) {
-        c.wait(c.recv(rel.real(vr + mask), incoming, bytes, 0, 0));
-        c.reduce(acc, incoming, count);
+        auto in = c.recv_to_reduce(rel.real(vr + mask), bytes, 0, 0);
+        c.wait(in);
+        c.reduce_received(acc, in, bytes);
       }
     }
   } else if (n > 1) {
