@@ -54,11 +54,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::broadcast(std::vector<at::Tenso
   check_one(tensors, "broadcast", rank_);
   const int root = static_cast<int>(opts.rootRank);
   auto staging = std::make_shared<std::vector<Staged>>();
-  staging->push_back(stage(tensors[0], rank_ == root, rank_ != root, "broadcast", rank_));
+  staging->push_back(stage(tensors[0], rank_ == root ? Access::kRead : Access::kWrite, "broadcast", rank_));
   Elements e = elements_of(tensors[0], "broadcast", rank_);
   char* data = ptr((*staging)[0]);
-  return launch(c10d::OpType::BROADCAST, tensors, staging, [&](mccl::Callback done) {
-    return comm_->broadcast(data, e.count, e.dtype, root, std::move(done));
+  return launch(c10d::OpType::BROADCAST, tensors, staging, [&](mccl::Callback done, StartAfter after) {
+    return comm_->broadcast(data, e.count, e.dtype, root, std::move(done), std::move(after));
   });
 }
 
@@ -69,10 +69,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce(std::vector<at::Tenso
   auto staging = std::make_shared<std::vector<Staged>>();
   Elements e = elements_of(tensors[0], "allreduce", rank_);
   Reduction r = reduction_of(opts.reduceOp, tensors[0], "allreduce", rank_);
-  staging->push_back(stage(tensors[0], true, true, "allreduce", rank_, r.premul));
+  staging->push_back(stage(tensors[0], Access::kReadWrite, "allreduce", rank_, r.premul));
   char* data = ptr((*staging)[0]);
-  return launch(c10d::OpType::ALLREDUCE, tensors, staging, [&](mccl::Callback done) {
-    return comm_->allreduce(data, e.count, e.dtype, r.op, std::move(done));
+  return launch(c10d::OpType::ALLREDUCE, tensors, staging, [&](mccl::Callback done, StartAfter after) {
+    return comm_->allreduce(data, e.count, e.dtype, r.op, std::move(done), std::move(after));
   });
 }
 
@@ -84,26 +84,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce(std::vector<at::Tensor>&
   auto staging = std::make_shared<std::vector<Staged>>();
   Elements e = elements_of(tensors[0], "reduce", rank_);
   Reduction r = reduction_of(opts.reduceOp, tensors[0], "reduce", rank_);
-  staging->push_back(stage(tensors[0], true, rank_ == root, "reduce", rank_, r.premul));
+  const Access access = rank_ == root ? Access::kReadWrite : Access::kRead;  // the result lands at the root
+  staging->push_back(stage(tensors[0], access, "reduce", rank_, r.premul));
   char* data = ptr((*staging)[0]);
-  return launch(c10d::OpType::REDUCE, tensors, staging, [&](mccl::Callback done) {
-    return comm_->reduce(data, e.count, e.dtype, r.op, root, std::move(done));
+  return launch(c10d::OpType::REDUCE, tensors, staging, [&](mccl::Callback done, StartAfter after) {
+    return comm_->reduce(data, e.count, e.dtype, r.op, root, std::move(done), std::move(after));
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::barrier(const c10d::BarrierOptions&) {
   auto staging = std::make_shared<std::vector<Staged>>();
-  return launch(c10d::OpType::BARRIER, {}, staging, [&](mccl::Callback done) { return comm_->barrier(std::move(done)); });
+  return launch(c10d::OpType::BARRIER, {}, staging, [&](mccl::Callback done, StartAfter after) {
+    return comm_->barrier(std::move(done), std::move(after));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   check_one(tensors, "send", rank_);
   auto staging = std::make_shared<std::vector<Staged>>();
-  Staged s = stage(tensors[0], true, false, "send", rank_);
+  Staged s = stage(tensors[0], Access::kRead, "send", rank_);
   staging->push_back(s);
   wait_copied(staging);  // a send is posted at once: its buffer must be filled first
   Elements e = elements_of(tensors[0], "send", rank_);
-  return launch(c10d::OpType::SEND, tensors, staging, [&](mccl::Callback done) {
+  return launch(c10d::OpType::SEND, tensors, staging, [&](mccl::Callback done, StartAfter) {  // copied already
     return comm_->send(ptr(s), e.count, e.dtype, dst_rank, static_cast<uint64_t>(tag), std::move(done));
   });
 }
@@ -111,10 +114,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::send(std::vector<at::Tensor>& t
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   check_one(tensors, "recv", rank_);
   auto staging = std::make_shared<std::vector<Staged>>();
-  staging->push_back(stage(tensors[0], false, true, "recv", rank_));
+  staging->push_back(stage(tensors[0], Access::kWrite, "recv", rank_));
   Elements e = elements_of(tensors[0], "recv", rank_);
   char* data = ptr((*staging)[0]);
-  return launch(c10d::OpType::RECV, tensors, staging, [&](mccl::Callback done) {
+  return launch(c10d::OpType::RECV, tensors, staging, [&](mccl::Callback done, StartAfter) {  // writes only
     return comm_->recv(data, e.count, e.dtype, src_rank, static_cast<uint64_t>(tag), std::move(done));
   });
 }

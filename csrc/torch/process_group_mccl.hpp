@@ -24,6 +24,7 @@ namespace lightning_mccl {
 
 struct Staged;  // staging.hpp
 using Staging = std::shared_ptr<std::vector<Staged>>;
+using StartAfter = mccl::Communicator::StartAfter;
 
 class ProcessGroupMCCL : public c10d::Backend {
  public:
@@ -93,7 +94,7 @@ class ProcessGroupMCCL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
  private:
-  // Queues one engine operation (`start(done)`) for a new WorkMCCL (launch.hpp).
+  // Queues one engine operation (`start(done, start_after)`) for a new WorkMCCL (launch.hpp).
   template <typename Start>
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs, Staging staging,
                                         Start&& start);
