@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "error.h"
+#include "int8_blocks.h"
 #include "reduce.h"
 #include "reduce_pool.h"
 
@@ -12,9 +13,9 @@ namespace mccl {
 
 bool is_wire_type(uint8_t value) {
   switch (static_cast<WireType>(value)) {
-    case WireType::kExact: case WireType::kFloat16: case WireType::kBFloat16: return true;
-    default: return false;
+    case WireType::kExact: case WireType::kFloat16: case WireType::kBFloat16: case WireType::kInt8Blocks: return true;
   }
+  return false;
 }
 
 const char* wire_type_name(WireType type) {
@@ -79,6 +80,21 @@ struct HalfFormat {
     widen_to_float32(dst, wire, count, half, threads);
   }
   void round(float* data, size_t count, size_t threads) const { round_float32_through(data, count, half, threads); }
+};
+
+// The 8-bit blocks of int8_blocks.h: a unit is a block, so tiles and thread parts are whole blocks and a
+// piece's blocks start at its first value.
+struct Int8Format {
+  static constexpr size_t kUnit = kInt8Block;
+  size_t wire_bytes(size_t count) const { return int8_wire_bytes(count); }
+  size_t wire_offset(size_t element) const { return int8_wire_bytes(element); }
+  void encode(char* wire, const float* src, size_t count, size_t threads) const {
+    int8_encode(wire, src, count, threads);
+  }
+  void decode(float* dst, const char* wire, size_t count, size_t threads) const {
+    int8_decode(dst, wire, count, threads);
+  }
+  void round(float* data, size_t count, size_t threads) const { int8_round(data, count, threads); }
 };
 
 // float32 data in a narrower Format. Pieces are worked on in tiles that stay in L1 between the conversion and
@@ -161,6 +177,7 @@ class Narrowing final : public Codec {
 uint64_t wire_bytes_of(WireType type, DataType dtype, uint64_t count) {
   switch (type) {
     case WireType::kFloat16: case WireType::kBFloat16: return HalfFormat{}.wire_bytes(count);
+    case WireType::kInt8Blocks: return int8_wire_bytes(count);
     default: return count * dtype_size(dtype);
   }
 }
@@ -176,6 +193,8 @@ std::unique_ptr<Codec> Codec::make(WireType type, DataType dtype, ReduceOp op, i
     case WireType::kFloat16: case WireType::kBFloat16:
       return std::make_unique<Narrowing<HalfFormat>>(HalfFormat{static_cast<DataType>(type)}, op, world, threads,
                                                      residual);
+    case WireType::kInt8Blocks:
+      return std::make_unique<Narrowing<Int8Format>>(Int8Format{}, op, world, threads, residual);
     default: break;
   }
   fail(Error::Kind::kInvalidArgument, "no codec for wire type ", int(type));

@@ -14,8 +14,15 @@ FrameHeader Collective::frame(uint64_t offset, uint64_t count, uint32_t step) co
 
 // An entry with no request yet was taken and is still to be posted (an onward encoding before its send):
 // it is in use like one whose request is pending.
+bool WireBuffers::Entry::done() const {
+  if (!request || !request->done) return false;
+  for (const RequestPtr& other : others)
+    if (!other->done) return false;
+  return true;
+}
+
 char* WireBuffers::take(size_t bytes) {
-  while (!in_use_.empty() && !in_use_.front().kept && in_use_.front().request && in_use_.front().request->done) {
+  while (!in_use_.empty() && !in_use_.front().kept && in_use_.front().done()) {
     free_.push_back(std::move(in_use_.front().bytes));
     in_use_.pop_front();
   }
@@ -27,6 +34,13 @@ char* WireBuffers::take(size_t bytes) {
   if (entry.bytes.size() < bytes) entry.bytes.resize(bytes);
   in_use_.push_back(std::move(entry));
   return in_use_.back().bytes.data();
+}
+
+void WireBuffers::hold(RequestPtr request, bool kept) {
+  Entry& entry = in_use_.back();
+  if (entry.request) entry.others.push_back(std::move(entry.request));
+  entry.request = std::move(request);
+  entry.kept = kept;
 }
 
 // From the newest: the request asked about is one of the latest posted.
@@ -122,30 +136,37 @@ void Collective::reduce_received(void* dst, const RequestPtr& received, size_t b
 }
 
 RequestPtr Collective::reduce_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward& to) {
-  return fold_and_send(dst, received, bytes, to, /*final=*/false);
+  std::vector<RequestPtr> sends;
+  fold_and_send(dst, received, bytes, &to, 1, /*final=*/false, &sends);
+  return sends.front();
 }
 
 RequestPtr Collective::reduce_final_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward& to) {
-  return fold_and_send(dst, received, bytes, to, /*final=*/true);
+  std::vector<RequestPtr> sends;
+  fold_and_send(dst, received, bytes, &to, 1, /*final=*/true, &sends);
+  return sends.front();
 }
 
-// In place, the result is sent from `dst` itself; otherwise it is encoded into a wire buffer in the same pass.
-RequestPtr Collective::fold_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward& to,
-                                     bool final) {
+void Collective::reduce_final_and_send(void* dst, const RequestPtr& received, size_t bytes,
+                                       const std::vector<Onward>& to, std::vector<RequestPtr>* sends) {
+  fold_and_send(dst, received, bytes, to.data(), to.size(), /*final=*/true, sends);
+}
+
+// In place, the result is sent from `dst` itself; otherwise it is encoded into a wire buffer in the same pass,
+// which every send of it holds.
+void Collective::fold_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward* to,
+                               size_t destinations, bool final, std::vector<RequestPtr>* sends) {
   const size_t count = elements(bytes), at = received->header.offset / element_size_;
-  const FrameHeader header = frame(to.offset, identity_.count, to.step);
-  if (codec_->in_place()) {
-    codec_->reduce(dst, received->data, count, at, Fold{nullptr, final});
-    wire_->release(received);
-    return transport_.post_send(to.peer, header, dst, bytes);
-  }
-  const size_t on_wire = codec_->wire_bytes(count);
-  char* onward = wire_->take(on_wire);
+  const bool in_place = codec_->in_place();
+  const size_t on_wire = in_place ? bytes : codec_->wire_bytes(count);
+  char* onward = in_place ? nullptr : wire_->take(on_wire);
   codec_->reduce(dst, received->data, count, at, Fold{onward, final});
   wire_->release(received);
-  RequestPtr request = transport_.post_send(to.peer, header, onward, on_wire);
-  wire_->hold(request);  // the buffer taken last: `onward`
-  return request;
+  for (size_t k = 0; k < destinations; ++k) {
+    const FrameHeader header = frame(to[k].offset, identity_.count, to[k].step);
+    sends->push_back(transport_.post_send(to[k].peer, header, in_place ? dst : onward, on_wire));
+    if (!in_place) wire_->hold(sends->back());  // the buffer taken last: `onward`
+  }
 }
 
 void Collective::keep_as_sent(void* data, size_t bytes) {

@@ -29,14 +29,12 @@ struct Segment {
 // is done, so the memory in use is what is in flight, not the whole message.
 class WireBuffers {
  public:
-  // A buffer of at least `bytes`, in use from now on: held by `request` once hold() is called; `kept`: also
-  // after the request is done, until pass_on() or release() (a received payload that is still to be read
-  // or forwarded). Without hold(), until release_all().
+  // A buffer of at least `bytes`, in use from now on: held by `request` once hold() is called (by every
+  // request hold() is given, for a piece sent to several peers); `kept`: also after the requests are done,
+  // until pass_on() or release() (a received payload that is still to be read or forwarded). Without hold(),
+  // until release_all().
   char* take(size_t bytes);
-  void hold(RequestPtr request, bool kept = false) {
-    in_use_.back().request = std::move(request);
-    in_use_.back().kept = kept;
-  }
+  void hold(RequestPtr request, bool kept = false);
   // The buffer `from` holds is held by `to` instead (a later request: a forward of what `from` received).
   void pass_on(const RequestPtr& from, RequestPtr to);
   void release(const RequestPtr& from);
@@ -45,8 +43,10 @@ class WireBuffers {
  private:
   struct Entry {
     std::vector<char> bytes;
-    RequestPtr request;
+    RequestPtr request;              // the request that holds it (the latest given)
+    std::vector<RequestPtr> others;  // the earlier ones, when several read it
     bool kept = false;
+    bool done() const;               // every request that holds it is done
   };
   Entry* find(const RequestPtr& request);  // the entry `request` holds, or null
   std::deque<Entry> in_use_;  // in posting order: the oldest requests finish first
@@ -72,6 +72,8 @@ class Collective {
   const Config& config() const { return config_; }
   DataType dtype() const { return static_cast<DataType>(identity_.dtype); }
   ReduceOp op() const { return static_cast<ReduceOp>(identity_.reduce_op); }
+  // How its payloads travel: for the choice of an algorithm (select.h), never for a branch inside one.
+  WireType wire_type() const { return static_cast<WireType>(identity_.wire_dtype); }
 
   // Frames of this collective, in the format of its codec (codec.h): callers hand over and get back their
   // own data, whatever travels. Sizes are bytes of that data; offsets, logical byte offsets in the buffer.
@@ -97,6 +99,9 @@ class Collective {
   // The last contribution to a piece this rank keeps and sends on (an allreduce's own segment): reduce_and_send,
   // divided by size() for AVG, and `dst` left with what the receivers will hold.
   RequestPtr reduce_final_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward& to);
+  // The same, sent to every destination in `to` (one encoding for them all); appends the sends to `sends`.
+  void reduce_final_and_send(void* dst, const RequestPtr& received, size_t bytes, const std::vector<Onward>& to,
+                             std::vector<RequestPtr>* sends);
   // Data this rank keeps and also sends, rounded in place to what the others will receive.
   void keep_as_sent(void* data, size_t bytes);
 
@@ -116,7 +121,8 @@ class Collective {
   size_t elements(size_t bytes) const { return bytes / element_size_; }
   RequestPtr post_send(int peer, const FrameHeader& header, const void* data, size_t bytes);
   RequestPtr post_recv(int peer, const FrameHeader& header, void* data, size_t bytes, bool kept);
-  RequestPtr fold_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward& to, bool final);
+  void fold_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward* to, size_t destinations,
+                     bool final, std::vector<RequestPtr>* sends);
 
   Transport& transport_;
   const Config& config_;

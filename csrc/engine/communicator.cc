@@ -88,7 +88,15 @@ void Communicator::check_rank(int rank, const char* role, const char* what) cons
 
 // ---- the public operations ----------------------------------------------------------------------
 
-WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, int root, uint64_t count,
+// Only reductions (gradients) travel compressed: broadcast, gather and the like move data that must arrive
+// exact (DDP's broadcast of the initial weights, for one).
+Communicator::Wire Communicator::wire_of_setting(CollectiveKind kind, DataType dtype) const {
+  const bool reduction = kind == CollectiveKind::kAllreduce || kind == CollectiveKind::kReduce ||
+                         kind == CollectiveKind::kReduceScatter;
+  return {dtype == DataType::kFloat32 && reduction ? wire_type_of_setting(config_.wire_dtype) : WireType::kExact};
+}
+
+WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, int root, uint64_t count, Wire wire,
                               std::function<void(Collective&)> body, Callback done, StartAfter start_after) {
   auto work = std::make_shared<Work>(std::move(done));
   work->count_waits_in(&stats_.of(static_cast<uint8_t>(kind)).wait_ns);
@@ -104,12 +112,9 @@ WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, 
     id.reduce_op = static_cast<uint8_t>(op);
     id.root = static_cast<uint16_t>(root);
     id.count = count;
-    // Only reductions (gradients) travel compressed: broadcast, gather and the like move data that must
-    // arrive exact (DDP's broadcast of the initial weights, for one).
-    const bool reduction = kind == CollectiveKind::kAllreduce || kind == CollectiveKind::kReduce ||
-                           kind == CollectiveKind::kReduceScatter;
-    if (dtype == DataType::kFloat32 && reduction) id.wire_dtype = static_cast<uint8_t>(wire_type_of_setting(config_.wire_dtype));
-    order_->add(PendingCollective{id, std::move(body), work, std::move(start_after), Clock::now()}, order_);
+    id.wire_dtype = static_cast<uint8_t>(wire.type);
+    order_->add(PendingCollective{id, std::move(body), work, std::move(start_after), Clock::now(), wire.residual},
+                order_);
     wake = !spinning_;
   }
   if (wake) transport_->wake();
@@ -120,7 +125,7 @@ WorkPtr Communicator::allreduce(void* buf, size_t count, DataType dtype, ReduceO
                                 StartAfter start_after) {
   check_usable();
   check_reduction(dtype, op, "allreduce");
-  return enqueue(CollectiveKind::kAllreduce, dtype, op, 0, count,
+  return enqueue(CollectiveKind::kAllreduce, dtype, op, 0, count, wire_of_setting(CollectiveKind::kAllreduce, dtype),
                  [=](Collective& c) { mccl::allreduce(c, buf, count); }, std::move(done), std::move(start_after));
 }
 
@@ -129,7 +134,7 @@ WorkPtr Communicator::broadcast(void* buf, size_t count, DataType dtype, int roo
   check_usable();
   dtype_size(dtype);
   check_rank(root, "root", "broadcast");
-  return enqueue(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, root, count,
+  return enqueue(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, root, count, Wire{},
                  [=](Collective& c) { mccl::broadcast(c, buf, count, root); }, std::move(done), std::move(start_after));
 }
 
@@ -138,7 +143,7 @@ WorkPtr Communicator::reduce(void* buf, size_t count, DataType dtype, ReduceOp o
   check_usable();
   check_reduction(dtype, op, "reduce");
   check_rank(root, "root", "reduce");
-  return enqueue(CollectiveKind::kReduce, dtype, op, root, count,
+  return enqueue(CollectiveKind::kReduce, dtype, op, root, count, wire_of_setting(CollectiveKind::kReduce, dtype),
                  [=](Collective& c) { mccl::reduce(c, buf, count, root); }, std::move(done), std::move(start_after));
 }
 
@@ -148,7 +153,7 @@ WorkPtr Communicator::allgather(const void* in, size_t count, DataType dtype, st
   dtype_size(dtype);
   MCCL_CHECK_ARG(static_cast<int>(outs.size()) == size_, "rank ", rank_, ": allgather needs ", size_,
                  " output buffers (one per rank), got ", outs.size());
-  return enqueue(CollectiveKind::kAllgather, dtype, ReduceOp::kSum, 0, count,
+  return enqueue(CollectiveKind::kAllgather, dtype, ReduceOp::kSum, 0, count, Wire{},
                  [=](Collective& c) { mccl::allgather(c, in, count, outs); }, std::move(done), std::move(start_after));
 }
 
@@ -157,6 +162,7 @@ WorkPtr Communicator::reduce_scatter(const void* in, size_t count, DataType dtyp
   check_usable();
   check_reduction(dtype, op, "reduce_scatter");
   return enqueue(CollectiveKind::kReduceScatter, dtype, op, 0, count,
+                 wire_of_setting(CollectiveKind::kReduceScatter, dtype),
                  [=](Collective& c) { mccl::reduce_scatter(c, in, count, out); },
                  std::move(done), std::move(start_after));
 }
@@ -168,7 +174,7 @@ WorkPtr Communicator::gather(const void* in, size_t count, DataType dtype, std::
   MCCL_CHECK_ARG(rank_ != root || static_cast<int>(outs.size()) == size_, "rank ", rank_, ": gather root needs ",
                  size_, " output buffers, got ", outs.size());
   const size_t bytes = count * dtype_size(dtype);
-  return enqueue(CollectiveKind::kGather, dtype, ReduceOp::kSum, root, count,
+  return enqueue(CollectiveKind::kGather, dtype, ReduceOp::kSum, root, count, Wire{},
                  [=](Collective& c) { mccl::gather(c, in, bytes, outs, root); },
                  std::move(done), std::move(start_after));
 }
@@ -180,7 +186,7 @@ WorkPtr Communicator::scatter(std::vector<const char*> ins, void* out, size_t co
   MCCL_CHECK_ARG(rank_ != root || static_cast<int>(ins.size()) == size_, "rank ", rank_, ": scatter root needs ",
                  size_, " input buffers, got ", ins.size());
   const size_t bytes = count * dtype_size(dtype);
-  return enqueue(CollectiveKind::kScatter, dtype, ReduceOp::kSum, root, count,
+  return enqueue(CollectiveKind::kScatter, dtype, ReduceOp::kSum, root, count, Wire{},
                  [=](Collective& c) { mccl::scatter(c, ins, out, bytes, root); },
                  std::move(done), std::move(start_after));
 }
@@ -196,14 +202,24 @@ WorkPtr Communicator::alltoall(const void* in, std::vector<size_t> send_counts, 
                  send_counts[rank_], " elements to itself but expects to receive ", recv_counts[rank_]);
   uint64_t total = 0;
   for (size_t c : send_counts) total += c;
-  return enqueue(CollectiveKind::kAlltoall, dtype, ReduceOp::kSum, 0, total,
+  return enqueue(CollectiveKind::kAlltoall, dtype, ReduceOp::kSum, 0, total, Wire{},
                  [=](Collective& c) { mccl::alltoall(c, in, send_counts, out, recv_counts); },
                  std::move(done), std::move(start_after));
+}
+
+WorkPtr Communicator::allreduce_int8(float* buf, size_t count, ReduceOp op, float* residual, Callback done,
+                                     StartAfter start_after) {
+  check_usable();
+  MCCL_CHECK_ARG(op == ReduceOp::kSum || op == ReduceOp::kAvg, "rank ", rank_, ": the 8-bit allreduce sums or "
+                 "averages, it does not support reduce op ", op_name(op));
+  return enqueue(CollectiveKind::kAllreduce, DataType::kFloat32, op, 0, count, Wire{WireType::kInt8Blocks, residual},
+                 [=](Collective& c) { mccl::allreduce(c, buf, count); }, std::move(done), std::move(start_after));
 }
 
 WorkPtr Communicator::barrier(Callback done, StartAfter start_after) {
   check_usable();
   return enqueue(CollectiveKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, 0,
+                 wire_of_setting(CollectiveKind::kBarrier, DataType::kUInt8),
                  [](Collective& c) { mccl::barrier(c); }, std::move(done), std::move(start_after));
 }
 
@@ -313,7 +329,7 @@ void Communicator::run_op(PendingCollective& op) {
         ready = Clock::now();
       }
       Collective c(*transport_, config_, reduce_threads_, scratch_, &wire_buffers_, op.identity,
-                   Clock::now() + timeout());
+                   Clock::now() + timeout(), op.residual);
       op.body(c);
       transport_->check_no_stray_frames(op.identity.seq);
     } catch (...) {

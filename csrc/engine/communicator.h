@@ -79,6 +79,13 @@ class Communicator {
   WorkPtr alltoall(const void* in, std::vector<size_t> send_counts, void* out, std::vector<size_t> recv_counts,
                    DataType dtype, Callback done = nullptr, StartAfter start_after = nullptr);
   WorkPtr barrier(Callback done = nullptr, StartAfter start_after = nullptr);
+  // An allreduce of float32 data (SUM or AVG) that travels as 8-bit blocks (int8_blocks.h, docs/int8.md),
+  // whatever MCCL_WIRE_DTYPE says. `residual` (null, or `count` floats of this rank's, zeros at first and kept
+  // by the caller between calls, in memory the progress thread may write): error feedback. This rank quantises
+  // each of its values once per call; the residual of that value is added to it first, and then holds the
+  // error of that quantisation, which the next call adds back.
+  WorkPtr allreduce_int8(float* buf, size_t count, ReduceOp op, float* residual, Callback done = nullptr,
+                         StartAfter start_after = nullptr);
   // Point-to-point work is posted as soon as the progress thread sees it: its buffers must be ready.
   WorkPtr send(const void* buf, size_t count, DataType dtype, int peer, uint64_t tag, Callback done = nullptr);
   // peer may be kAnySource; Work::source() then tells who sent it.
@@ -96,7 +103,14 @@ class Communicator {
 
  private:
 
-  WorkPtr enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, int root, uint64_t count,
+  // How a collective's payloads travel (codec.h): their type and, for an 8-bit allreduce, its error feedback.
+  struct Wire {
+    WireType type = WireType::kExact;
+    float* residual = nullptr;
+  };
+  // What MCCL_WIRE_DTYPE gives a collective: float32 reductions travel in it, everything else exact.
+  Wire wire_of_setting(CollectiveKind kind, DataType dtype) const;
+  WorkPtr enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, int root, uint64_t count, Wire wire,
                   std::function<void(Collective&)> body, Callback done, StartAfter start_after);
   WorkPtr post_p2p(bool is_send, void* buf, size_t count, DataType dtype, int peer, uint64_t tag, Callback done);
   void check_usable() const;

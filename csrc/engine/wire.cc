@@ -100,9 +100,12 @@ std::string compare_headers(const FrameHeader& expected, const FrameHeader& got,
   std::ostringstream out;
   if (expected.wire_dtype != got.wire_dtype && expected.dtype == got.dtype) {
     auto wire = [](uint8_t w) { return std::string(wire_type_name(static_cast<WireType>(w))); };
+    const auto int8 = static_cast<uint8_t>(WireType::kInt8Blocks);
     out << "rank " << got.src_rank << " sends " << describe(got) << " as " << wire(got.wire_dtype) << ", but rank "
-        << my_rank << " expects " << wire(expected.wire_dtype)
-        << " payloads: set MCCL_WIRE_DTYPE to the same value on every rank";
+        << my_rank << " expects " << wire(expected.wire_dtype) << " payloads: "
+        << (got.wire_dtype == int8 || expected.wire_dtype == int8
+                ? "call the 8-bit allreduce (lightning_mccl.int8) on every rank or on none"
+                : "set MCCL_WIRE_DTYPE to the same value on every rank");
     return out.str();
   }
   const bool same_call = expected.channel == got.channel && expected.kind == got.kind && expected.seq == got.seq &&

@@ -8,27 +8,19 @@
 
 #include "check.h"
 #include "collective.h"
+#include "inputs.h"
 #include "local_world.h"
 #include "reduce.h"
 #include "reduce_pool.h"
 
 using namespace mccl;
+using mccl_test::input;
 using mccl_test::run_world;
 
 namespace {
 
 // The unit roundoff of the wire type: relative error of one rounding to nearest.
 double unit_roundoff(DataType wire) { return wire == DataType::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11); }
-
-// Uniform in [-4, 4), a pure function of (rank, i): splitmix64 of the pair, so each element costs a few
-// multiplications (a generator seeded per element made this test slow under the sanitizers).
-float input(int rank, size_t i) {
-  uint64_t z = (static_cast<uint64_t>(rank) << 40) + i + 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-53 * 8.0 - 4.0);
-}
 
 Config compressed(DataType wire, AlgoChoice algo, size_t chunk_bytes = 64) {
   Config c;

@@ -33,15 +33,6 @@ namespace {
 
 int wrap(int value, int n) { return ((value % n) + n) % n; }
 
-// Pieces of a segment: at least one (an empty frame still tells the peer what we called),
-// the last one clamped to the segment's end.
-struct Pieces {
-  size_t piece;
-  size_t count(const Segment& seg) const { return std::max<size_t>(1, (seg.bytes + piece - 1) / piece); }
-  size_t begin(const Segment& seg, size_t p) const { return std::min(seg.bytes, p * piece); }
-  size_t length(const Segment& seg, size_t p) const { return std::min(seg.bytes, (p + 1) * piece) - begin(seg, p); }
-};
-
 }  // namespace
 
 std::vector<Segment> even_segments(char* data, size_t count, size_t element_size, int parts) {
