@@ -15,7 +15,7 @@ namespace {
 constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
 constexpr int32_t kInfBits = 0x7F800000;
 constexpr float kMinScaled = 0x1.0p-100f;  // blocks whose largest magnitude is below this travel as zeros
-constexpr float kRound = 12582912.0f;      // 1.5 * 2^23: x + kRound - kRound rounds |x| < 2^22 to nearest even
+constexpr float kToNearest = 12582912.0f;  // 1.5 * 2^23: x + it - it rounds |x| < 2^22 to nearest even
 constexpr size_t kScaleBytes = sizeof(float);
 
 // The largest finite magnitude of a block, as bits: non-negative floats order as their bits do, and an
@@ -44,7 +44,7 @@ MCCL_TARGET_CLONES void encode_codes(int8_t* __restrict codes, const float* __re
     const uint32_t bits = f32_bits(x[i]);
     const int32_t a = static_cast<int32_t>(bits & kAbsMask);
     const float finite = bits_f32(select_bits(a < kInfBits, bits, 0u));
-    int32_t code = static_cast<int32_t>((finite * inverse + kRound) - kRound);
+    int32_t code = static_cast<int32_t>((finite * inverse + kToNearest) - kToNearest);
     code = code < -126 ? -126 : code;
     code = code > 126 ? 126 : code;
     const uint32_t infinity = bits >> 31 ? uint32_t(-127) : 127u;

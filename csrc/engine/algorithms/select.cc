@@ -98,10 +98,10 @@ size_t latency_max_bytes(const Config& config, CollectiveKind kind, int world) {
 
 AlgoChoice select_algorithm(const Config& config, CollectiveKind kind, int world, size_t bytes, size_t count,
                             WireType wire) {
-  // The 8-bit allreduce quantises each value once per rank, which its error feedback needs: never recursive
-  // doubling, which quantises partial sums log2(n) times.
-  if (kind == CollectiveKind::kAllreduce && wire == WireType::kInt8Blocks)
-    return config.algo == AlgoChoice::kRing ? AlgoChoice::kRing : AlgoChoice::kReduceOnce;
+  // The 8-bit allreduce reduces once, at each segment's owner, whatever its size and MCCL_ALGO: its error does
+  // not grow with the world size (docs/int8.md), and each rank quantises each value once, which its error
+  // feedback needs.
+  if (kind == CollectiveKind::kAllreduce && wire == WireType::kInt8Blocks) return AlgoChoice::kReduceOnce;
   const Entry* e = entry_for(kind, world);
   if (e == nullptr) return AlgoChoice::kRing;
   if (AlgoChoice f = forced(config, kind); f != AlgoChoice::kAuto) return f;
