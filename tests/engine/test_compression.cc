@@ -15,6 +15,7 @@
 
 using namespace mccl;
 using mccl_test::input;
+using mccl_test::Results;
 using mccl_test::run_world;
 
 namespace {
@@ -29,12 +30,6 @@ Config compressed(DataType wire, AlgoChoice algo, size_t chunk_bytes = 64) {
   c.chunk_bytes = chunk_bytes;  // 64: several pieces per ring segment
   return c;
 }
-
-// Every rank's copy of the result, for the bit-identity check.
-struct Results {
-  std::mutex mu;
-  std::vector<std::vector<float>> of_rank;
-};
 
 }  // namespace
 

@@ -17,6 +17,7 @@
 
 using namespace mccl;
 using mccl_test::input;
+using mccl_test::Results;
 using mccl_test::run_world;
 
 namespace {
@@ -34,11 +35,6 @@ Config with_chunk(size_t chunk_bytes) {
   c.chunk_bytes = chunk_bytes;
   return c;
 }
-
-struct Results {
-  std::mutex mu;
-  std::vector<std::vector<float>> of_rank;
-};
 
 }  // namespace
 
