@@ -54,6 +54,7 @@ class Exact final : public Codec {
   }
   // The result is sent from dst itself (in_place), so an onward encoding is never asked for.
   void reduce(void* dst, const char* wire, size_t count, size_t, const Fold& fold) const override {
+    if (fold.own && fold.own != dst && count) std::memcpy(dst, fold.own, count * esize_);  // one piece: in cache
     reduce_into(dst, wire, count, dtype_, op_, threads_);
     if (fold.final && op_ == ReduceOp::kAvg) divide_by(dst, count, dtype_, world_);
   }
@@ -128,11 +129,13 @@ class Narrowing final : public Codec {
   }
   void reduce(void* dst, const char* wire, size_t count, size_t at, const Fold& fold) const override {
     float* out = static_cast<float*>(dst);
+    const float* own = fold.own != dst ? static_cast<const float*>(fold.own) : nullptr;
     float* residual = residual_ && fold.onward ? residual_ + at : nullptr;
     const int divisor = fold.final && op_ == ReduceOp::kAvg ? world_ : 1;
     in_tiles(count, [&](size_t i, size_t n) {
       alignas(64) float tile[kTile];
       format_.decode(tile, wire + format_.wire_offset(i), n, 1);
+      if (own) std::memcpy(out + i, own + i, n * sizeof(float));
       reduce_into(out + i, tile, n, DataType::kFloat32, op_, 1);
       if (residual)
         for (size_t k = 0; k < n; ++k) out[i + k] += residual[i + k];

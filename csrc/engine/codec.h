@@ -30,6 +30,7 @@ uint64_t wire_bytes_of(WireType type, DataType dtype, uint64_t count);
 // What becomes of a piece once a received contribution has been folded into it.
 struct Fold {
   char* onward = nullptr;  // the result is also encoded here (wire_bytes of the piece), for the next rank
+  const void* own = nullptr;  // this rank's values, when they are not in dst yet: dst = own OP received
   bool final = false;      // the last contribution: divided by the world size for AVG, and, encoded, the piece
                            // is left holding what its receivers will decode
 };

@@ -130,37 +130,38 @@ RequestPtr Collective::recv_to_reduce(int peer, size_t bytes, uint64_t offset, u
   return request;
 }
 
-void Collective::reduce_received(void* dst, const RequestPtr& received, size_t bytes) {
-  codec_->reduce(dst, received->data, elements(bytes), received->header.offset / element_size_, Fold{});
+void Collective::reduce_received(void* dst, const RequestPtr& received, size_t bytes, const void* own) {
+  codec_->reduce(dst, received->data, elements(bytes), received->header.offset / element_size_, Fold{nullptr, own});
   wire_->release(received);
 }
 
-RequestPtr Collective::reduce_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward& to) {
+RequestPtr Collective::reduce_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward& to,
+                                       const void* own) {
   std::vector<RequestPtr> sends;
-  fold_and_send(dst, received, bytes, &to, 1, /*final=*/false, &sends);
+  fold_and_send(dst, received, bytes, &to, 1, Fold{nullptr, own, /*final=*/false}, &sends);
   return sends.front();
 }
 
 RequestPtr Collective::reduce_final_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward& to) {
   std::vector<RequestPtr> sends;
-  fold_and_send(dst, received, bytes, &to, 1, /*final=*/true, &sends);
+  fold_and_send(dst, received, bytes, &to, 1, Fold{nullptr, nullptr, /*final=*/true}, &sends);
   return sends.front();
 }
 
 void Collective::reduce_final_and_send(void* dst, const RequestPtr& received, size_t bytes,
                                        const std::vector<Onward>& to, std::vector<RequestPtr>* sends) {
-  fold_and_send(dst, received, bytes, to.data(), to.size(), /*final=*/true, sends);
+  fold_and_send(dst, received, bytes, to.data(), to.size(), Fold{nullptr, nullptr, /*final=*/true}, sends);
 }
 
 // In place, the result is sent from `dst` itself; otherwise it is encoded into a wire buffer in the same pass,
 // which every send of it holds.
 void Collective::fold_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward* to,
-                               size_t destinations, bool final, std::vector<RequestPtr>* sends) {
+                               size_t destinations, const Fold& how, std::vector<RequestPtr>* sends) {
   const size_t count = elements(bytes), at = received->header.offset / element_size_;
   const bool in_place = codec_->in_place();
   const size_t on_wire = in_place ? bytes : codec_->wire_bytes(count);
   char* onward = in_place ? nullptr : wire_->take(on_wire);
-  codec_->reduce(dst, received->data, count, at, Fold{onward, final});
+  codec_->reduce(dst, received->data, count, at, Fold{onward, how.own, how.final});
   wire_->release(received);
   for (size_t k = 0; k < destinations; ++k) {
     const FrameHeader header = frame(to[k].offset, identity_.count, to[k].step);

@@ -22,6 +22,10 @@ struct Segment {
   char* data = nullptr;
   size_t bytes = 0;
   uint64_t offset = 0;
+  // This rank's own values of the segment, when they are not at `data` (a read-only input the reduce-scatter
+  // reads piece by piece, instead of copying it all before it starts): null, they are at `data`.
+  const char* own = nullptr;
+  const char* values() const { return own ? own : data; }
 };
 
 // Buffers for payloads in their wire form (encoded, or received to be reduced), owned by the communicator
@@ -92,10 +96,12 @@ class Collective {
   // A contribution to fold into data of this rank (reduce_received, reduce_and_send), received where the
   // codec keeps it until then (a wire buffer: decoded inside the reduction, one pass over memory).
   RequestPtr recv_to_reduce(int peer, size_t bytes, uint64_t offset, uint32_t step);
-  // dst OP= what `received` brought.
-  void reduce_received(void* dst, const RequestPtr& received, size_t bytes);
+  // dst OP= what `received` brought; with `own` (this rank's values, kept elsewhere: a collective's read-only
+  // input), dst = own OP what `received` brought, copied in the same pass, piece by piece.
+  void reduce_received(void* dst, const RequestPtr& received, size_t bytes, const void* own = nullptr);
   // The same, and the result goes on as the frame `to`, encoded in the same pass.
-  RequestPtr reduce_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward& to);
+  RequestPtr reduce_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward& to,
+                             const void* own = nullptr);
   // The last contribution to a piece this rank keeps and sends on (an allreduce's own segment): reduce_and_send,
   // divided by size() for AVG, and `dst` left with what the receivers will hold.
   RequestPtr reduce_final_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward& to);
@@ -122,7 +128,7 @@ class Collective {
   RequestPtr post_send(int peer, const FrameHeader& header, const void* data, size_t bytes);
   RequestPtr post_recv(int peer, const FrameHeader& header, void* data, size_t bytes, bool kept);
   void fold_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward* to, size_t destinations,
-                     bool final, std::vector<RequestPtr>* sends);
+                     const Fold& how, std::vector<RequestPtr>* sends);
 
   Transport& transport_;
   const Config& config_;

@@ -110,6 +110,8 @@ class Allgather {
 // The reduce-scatter's schedule (top of this file). With `then`, this rank's own segment is final piece by
 // piece in the last step, and each piece goes on at once as the all-gather's first (`then` has posted its
 // receives by then, after every receive of this one, so that frames meet receives in the order they come).
+// Segments whose values are elsewhere (Segment::own) are read from there by the step that first needs them,
+// so nothing is copied before the first piece is on the wire (`then` needs the values in place).
 void reduce_scatter_pipelined(Collective& c, const std::vector<Segment>& segs, uint32_t step_base, Allgather* then) {
   const int n = c.size(), r = c.rank();
   const int right = wrap(r + 1, n), left = wrap(r - 1, n), steps = n - 1;
@@ -135,21 +137,23 @@ void reduce_scatter_pipelined(Collective& c, const std::vector<Segment>& segs, u
   for (size_t p = 0; p < pieces.count(send_seg(0)); ++p) {
     const Segment& seg = send_seg(0);
     size_t at = pieces.begin(seg, p);
-    sends.push_back(c.send(right, seg.data + at, pieces.length(seg, p), seg.offset + at, step_base));
+    sends.push_back(c.send(right, seg.values() + at, pieces.length(seg, p), seg.offset + at, step_base));
   }
   for (int s = 0; s < steps; ++s) {
     const bool last = s + 1 == steps;
     if (last && then) then->post_recvs();
     const Segment& seg = recv_seg(s);
     for (size_t p = 0; p < pieces.count(seg); ++p) {
-      size_t at = pieces.begin(seg, p), len = pieces.length(seg, p);
+      const size_t at = pieces.begin(seg, p), len = pieces.length(seg, p);
+      const char* own = seg.own ? seg.own + at : nullptr;  // each segment is reduced into once: here
       c.wait(recvs[s][p]);
       if (!last)
-        sends.push_back(c.reduce_and_send(seg.data + at, recvs[s][p], len, {right, seg.offset + at, step_base + s + 1}));
+        sends.push_back(c.reduce_and_send(seg.data + at, recvs[s][p], len, {right, seg.offset + at, step_base + s + 1},
+                                          own));
       else if (then)
         then->sent_own(c.reduce_final_and_send(seg.data + at, recvs[s][p], len, then->own_frame(p)));
       else
-        c.reduce_received(seg.data + at, recvs[s][p], len);
+        c.reduce_received(seg.data + at, recvs[s][p], len, own);
     }
     if (s + slots < steps) post_recvs(s + slots);
   }
