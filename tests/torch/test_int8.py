@@ -23,10 +23,10 @@ def _model():
 def _flat_grads(model):
     import torch
 
-    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double().numpy()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).double().cpu().numpy()
 
 
-def _ddp_worker(rank, world):
+def _ddp_worker(rank, world, device):
     import torch
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -34,17 +34,25 @@ def _ddp_worker(rank, world):
     from lightning_mccl.int8 import Int8State, int8_hook
 
     g = torch.Generator().manual_seed(100 + rank)
-    x, y = torch.randn(32, 64, generator=g), torch.randint(0, 10, (32,), generator=g)
-    local = _model()
+    x, y = torch.randn(32, 64, generator=g).to(device), torch.randint(0, 10, (32,), generator=g).to(device)
+    local = _model().to(device)
     F.cross_entropy(local(x), y).backward()
-    ddp = DDP(_model(), bucket_cap_mb=0.02)  # several buckets
+    ddp = DDP(_model().to(device), bucket_cap_mb=0.02)  # several buckets
     ddp.register_comm_hook(Int8State(), int8_hook)
     F.cross_entropy(ddp(x), y).backward()
     return {"local": _flat_grads(local), "ddp": _flat_grads(ddp.module)}
 
 
-def test_hook_averages_gradients_within_the_8_bit_bound():
-    results = run_ranks(_ddp_worker, WORLD, timeout=120)
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not _cuda(), reason="no CUDA device (the GPU host runs it: staged buckets, every rank on one GPU)"))])
+def test_hook_averages_gradients_within_the_8_bit_bound(device):
+    results = run_ranks(_ddp_worker, WORLD, args=(device,), timeout=120)
     local = [r["local"] for r in results]
     exact = sum(local) / WORLD
     # Each rank's gradient encoded once (error <= its largest magnitude / 252), the sum once more at its owner.
