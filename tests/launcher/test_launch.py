@@ -89,6 +89,22 @@ def test_bad_hostfile_exits_2_naming_the_problem(tmp_path, capsys):
     assert "starts with '-'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("subcommand", ["launch", "doctor"])
+def test_a_bad_address_is_refused_at_once_naming_its_line(tmp_path, capsys, subcommand):
+    bad = tmp_path / "fleet.yaml"
+    bad.write_text("hosts:\n  - {name: mac-0, addr: 127.0.0.1}\n  - {name: mac-1, addr: 10.0.0.311}\n"
+                   "  - {name: mac-2, addr: not an ip}\n  - {name: mac-3, addr: nosuch.invalid}\n")
+    start = time.monotonic()
+    # --ssh false: were any rank started, it would fail at once with exit code 1 (not 2)
+    code = main([subcommand, "--hostfile", str(bad), "--ssh", "false", *(["--", "true"] if subcommand == "launch" else [])])
+    assert code == 2 and time.monotonic() - start < 5.0
+    err = " ".join(capsys.readouterr().err.split())  # argparse wraps nothing, rich may
+    assert f"{bad}:3: hosts[1] (mac-1): addr '10.0.0.311' is not an IPv4 address (Octet 311 (> 255)" in err, err
+    assert f"{bad}:4: hosts[2] (mac-2): addr 'not an ip' is neither an IP address nor a host name" in err, err
+    assert f"{bad}:5: hosts[3] (mac-3): addr 'nosuch.invalid' does not resolve here" in err, err
+    assert "mac-0" not in err
+
+
 def test_env_help_says_how_to_keep_a_value_off_the_command_line(capsys):
     assert main(["launch", "--help"]) == 0
     help_text = " ".join(capsys.readouterr().out.split())

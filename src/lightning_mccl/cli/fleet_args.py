@@ -8,7 +8,7 @@ import shlex
 import sys
 from typing import Mapping, Optional, Sequence
 
-from ..hostfile import load_hostfile
+from ..hostfile import check_addresses, load_hostfile
 from .launch_plan import (DEFAULT_GRACE_S, DEFAULT_SSH, LaunchError, LaunchPlan, hostfile_plan, local_plan,
                           switch_plan)
 
@@ -96,7 +96,8 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, runs_command: bool = Tr
 
 def plan_from_args(args: argparse.Namespace, command: Sequence[str], *, nproc_per_node: int = 1,
                    env: Optional[Mapping[str, str]] = None) -> LaunchPlan:
-    """The plan for parsed `mccl launch`/`mccl doctor` options. Raises LaunchError (or HostfileError)."""
+    """The plan for parsed `mccl launch`/`mccl doctor` options. Raises LaunchError (or HostfileError, also for
+    a host whose addr is not an IP address or a name that resolves: `hostfile.check_addresses`)."""
     cwd = os.path.abspath(args.chdir) if args.chdir else os.getcwd()
     common = dict(nproc_per_node=nproc_per_node, python=args.python, cwd=cwd, env=dict(env or {}),
                   grace=args.grace, master_port=args.master_port)
@@ -115,4 +116,6 @@ def plan_from_args(args: argparse.Namespace, command: Sequence[str], *, nproc_pe
         ssh = shlex.split(args.ssh)
     except ValueError as e:
         raise LaunchError(f"--ssh {args.ssh!r}: {e}") from None
-    return hostfile_plan(load_hostfile(args.hostfile), command, ssh=ssh, **common)
+    hostfile = load_hostfile(args.hostfile)
+    check_addresses(hostfile)
+    return hostfile_plan(hostfile, command, ssh=ssh, **common)
