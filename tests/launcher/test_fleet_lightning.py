@@ -46,7 +46,8 @@ def test_a_num_nodes_mismatch_is_a_clear_error_within_seconds(mode, tmp_path):
 
 def test_ctrl_c_stops_a_training_job_with_one_line_per_rank(tmp_path):
     require_script()
-    proc = subprocess.Popen([MCCL, "launch", "--local", "2", "--", "python", PROGRAM, "2", str(tmp_path), "--long"],
+    proc = subprocess.Popen([MCCL, "launch", "--local", "2", "--", "python", PROGRAM, "1", str(tmp_path), "--long",
+                             "--devices", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         wait_for_files([tmp_path / "training-0", tmp_path / "training-1"], timeout=120)

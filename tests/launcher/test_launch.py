@@ -96,7 +96,8 @@ def test_a_bad_address_is_refused_at_once_naming_its_line(tmp_path, capsys, subc
                    "  - {name: mac-2, addr: not an ip}\n  - {name: mac-3, addr: nosuch.invalid}\n")
     start = time.monotonic()
     # --ssh false: were any rank started, it would fail at once with exit code 1 (not 2)
-    code = main([subcommand, "--hostfile", str(bad), "--ssh", "false", *(["--", "true"] if subcommand == "launch" else [])])
+    command = ["--", "true"] if subcommand == "launch" else []
+    code = main([subcommand, "--hostfile", str(bad), "--ssh", "false", *command])
     assert code == 2 and time.monotonic() - start < 5.0
     err = " ".join(capsys.readouterr().err.split())  # argparse wraps nothing, rich may
     assert f"{bad}:3: hosts[1] (mac-1): addr '10.0.0.311' is not an IPv4 address (Octet 311 (> 255)" in err, err
@@ -183,6 +184,23 @@ def test_nproc_per_node_numbers_ranks_host_by_host():
     assert all(e["MASTER_PORT"] == "4000" and e["OMP_NUM_THREADS"] == "1" for e in envs)  # as torchrun
 
 
+@pytest.mark.parametrize("where, expected", [
+    (["--local", "2"], [("0", "0", "0", "2"), ("1", "0", "1", "2")]),  # one node, as torchrun --nproc-per-node 2
+    (["--local", "2", "--nproc-per-node", "1"], [("0", "0", "0", "1"), ("1", "1", "0", "1")]),  # 2 nodes of 1
+    (["--local", "2", "--nproc-per-node", "2"], [("0", "0", "0", "2"), ("1", "0", "1", "2"), ("2", "1", "0", "2"),
+                                                 ("3", "1", "1", "2")]),
+])
+def test_local_n_is_one_node_of_n_ranks_unless_nproc_per_node_is_given(where, expected):
+    from lightning_mccl.cli import build_parser
+    from lightning_mccl.cli.fleet_args import plan_from_args
+
+    args = build_parser().parse_args(["launch", *where])
+    plan = plan_from_args(args, ["train"], nproc_per_node=args.nproc_per_node)
+    envs = [rank_shim.decode_spec(s.stdin.decode())["env"] for s in plan.rank_specs(base_env={})]
+    assert [(e["RANK"], e["NODE_RANK"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) for e in envs] == expected
+    assert {e["WORLD_SIZE"] for e in envs} == {str(len(expected))}
+
+
 def test_output_is_split_into_lines_at_newlines_and_carriage_returns():
     r = _Rank(RankSpec(0, "h", ()))
     assert r.split(b"one\ntwo\r\nthr") == ["one", "two"]
@@ -218,7 +236,8 @@ def test_a_two_rank_mccl_allreduce_runs_and_every_line_is_prefixed(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     out = prefixed(r.stdout)  # every line carries its rank's prefix
     for rank in (0, 1):
-        line = f"allreduce rank={rank} world=2 env_rank={rank} local_rank=0 node_rank={rank} sum=[3.0, 3.0, 3.0, 3.0]"
+        # --local 2 is one node of 2 ranks, as torchrun --nproc-per-node 2
+        line = f"allreduce rank={rank} world=2 env_rank={rank} local_rank={rank} node_rank=0 sum=[3.0, 3.0, 3.0, 3.0]"
         assert line in out[f"local r{rank}"], r.stdout
     assert "all 2 ranks finished" in r.stderr
 

@@ -236,7 +236,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     if command:
         parser.error("mccl doctor takes no command")
     try:
-        probe_plan = plan_from_args(args, [args.python, "-c", PROBE_SOURCE])
+        probe_plan = plan_from_args(args, [args.python, "-c", PROBE_SOURCE], nproc_per_node=1)  # one rank a host
     except (LaunchError, HostfileError) as e:
         parser.error(str(e))
     log = make_log(stderr_console(), "mccl doctor")

@@ -1,8 +1,8 @@
 """What `mccl doctor` asks each host about its setup: raw command outputs, analysed by `host_checks`.
 
 Runs on every host inside doctor's probe (with the ranks' Python, their environment and working
-directory), so, like the rank shim, it is standard library only and compatible with Python 3.10 (the oldest the package supports). `collect`
-returns a JSON-able dict:
+directory), so, like the rank shim, it is standard library only and compatible with Python 3.10 (the
+package's oldest). `collect` returns a JSON-able dict:
 
 - ``system``: platform.system() ("Darwin" on a Mac);
 - ``cwd``, ``executable``: where the ranks will run, with which Python; ``binary``: that Python's real file

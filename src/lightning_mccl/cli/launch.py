@@ -7,9 +7,10 @@ Host i of the hostfile (see `lightning_mccl.hostfile`) runs ``--nproc-per-node``
 reached by its own ``ssh`` connection (also the host you launch from), in the launcher's working directory
 (or ``--chdir``), with torchrun's environment: MASTER_ADDR (host 0's addr), MASTER_PORT, WORLD_SIZE, RANK,
 LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (and GROUP_RANK, MCCL_NODE_RANK), plus MCCL_SOCKET_IFNAME from the
-host's ``ifname``. ``--local N`` is the same with N "hosts" that are this machine over loopback
-(MASTER_ADDR=127.0.0.1, a free port) and no ssh, so ``Trainer(num_nodes=N)`` runs unchanged on one machine
-(for ``Trainer(devices=P)`` on one machine, use ``--local 1 --nproc-per-node P``). ``--switch TAG`` runs
+host's ``ifname``. ``--local N`` runs N ranks on this machine over loopback (MASTER_ADDR=127.0.0.1, a free
+port), no ssh, as one node: LOCAL_RANK 0..N-1, NODE_RANK 0, as ``torchrun --nproc-per-node N`` gives, for
+``Trainer(devices=N)``; ``--local N --nproc-per-node P`` makes this machine N nodes of P ranks each (NODE_RANK
+0..N-1), so that ``Trainer(num_nodes=N, devices=P)`` runs unchanged on one machine. ``--switch TAG`` runs
 host i's ranks inside host i of the emulated switch TAG (`mccl switch up`, Linux and root only): MASTER_ADDR
 is host 0's address there and MCCL_SOCKET_IFNAME its interface, so the ranks talk over the shaped links.
 Every rank also gets TORCHELASTIC_RUN_ID (one id per job), torchrun's marker, so Lightning reads these
@@ -68,7 +69,8 @@ EPILOG = """\
 every rank gets torchrun's variables: MASTER_ADDR (host 0's addr), MASTER_PORT, WORLD_SIZE, RANK,
 LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (= GROUP_RANK = MCCL_NODE_RANK), and MCCL_SOCKET_IFNAME from the
 host's ifname; TORCHELASTIC_RUN_ID (Lightning then checks num_nodes x devices against WORLD_SIZE).
---local N acts as N hosts of --nproc-per-node ranks each: Trainer(num_nodes=N) runs unchanged.
+--local N: N ranks on this machine as one node (LOCAL_RANK 0..N-1, as torchrun --nproc-per-node N), for
+Trainer(devices=N); --local N --nproc-per-node P: N nodes of P ranks each, for Trainer(num_nodes=N, devices=P).
 
 output: every line of every rank, prefixed [host rN], on stdout; the launcher's messages on stderr.
 exit code: the first failing rank's (the others are stopped at once), 130 after Ctrl-C, 0 when all succeed.
@@ -81,8 +83,9 @@ SECRET_NAME = re.compile(r"SECRET|TOKEN|KEY|PASSWORD|PASS", re.IGNORECASE)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_fleet_arguments(parser)
-    parser.add_argument("--nproc-per-node", metavar="P", type=_positive_int, default=1,
-                        help="ranks per host (default: 1; one Mac, one rank)")
+    parser.add_argument("--nproc-per-node", metavar="P", type=_positive_int,
+                        help="ranks per host (default: 1; one Mac, one rank); with --local N: this machine as N "
+                             "nodes of P ranks each")
     parser.add_argument("--max-restarts", metavar="N", type=_non_negative_int, default=0,
                         help="when a rank fails, stop all ranks and start them all again, up to N times "
                              "(default: 0); ranks see MCCL_RESTART_COUNT")

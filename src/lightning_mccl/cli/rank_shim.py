@@ -25,8 +25,8 @@ connection closes. A plain pipe plus this shim gives the same behaviour for ``--
 KeyboardInterrupt shutdown), and needs only the Python the rank runs with.
 
 The launcher runs this file's source through ``python -c`` (see ``shim_argv``): the remote host needs no
-copy of it, and importing it does not import torch. It must stay compatible with Python 3.10 (the oldest the package supports) and use
-nothing outside the standard library.
+copy of it, and importing it does not import torch. It must stay compatible with Python 3.10 (the package's
+oldest) and use nothing outside the standard library.
 """
 import base64
 import json
