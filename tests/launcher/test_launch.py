@@ -248,7 +248,8 @@ def test_ssh_path_end_to_end_with_a_fake_ssh(tmp_path):
     workdir.mkdir()
     hostfile = write_hostfile(tmp_path / "fleet.yaml", 2, ifname0="lo")
     env = env_with_fake_ssh(log, MCCL_TEST_FORWARDED="no: --env wins")
-    for name in ("MCCL_SOCKET_IFNAME", "MCCL_NODE_RANK", "PYTHONUNBUFFERED"):  # the fake ssh passes ours on
+    # the fake ssh passes ours on
+    for name in ("MCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "MCCL_NODE_RANK", "PYTHONUNBUFFERED"):
         env.pop(name, None)
     r = run_mccl("launch", "--hostfile", hostfile, "--master-port", "29577", "--chdir", workdir,
                  "--ssh", "ssh -o BatchMode=yes -p 22", "--env", "MCCL_TEST_FORWARDED=yes",
@@ -266,7 +267,9 @@ def test_ssh_path_end_to_end_with_a_fake_ssh(tmp_path):
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29577", "WORLD_SIZE": "2", "RANK": str(rank),
             "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "NODE_RANK": str(rank), "GROUP_RANK": str(rank),
             "MCCL_NODE_RANK": str(rank), "MCCL_SOCKET_IFNAME": "lo" if rank == 0 else None,
-            "PYTHONUNBUFFERED": "1", "MCCL_TEST_FORWARDED": "yes"}
+            # the rank shim's choice for Lightning's Gloo group: rank 0 the host's ifname, rank 1 the
+            # interface that routes to MASTER_ADDR (127.0.0.1 here)
+            "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1", "MCCL_TEST_FORWARDED": "yes"}
 
 
 def _start_sleepers(tmp_path, launcher_args=(), ignore_int=False):
