@@ -34,6 +34,11 @@ class SummaryTap:
     def flush(self) -> None:
         self._output.flush()
 
+    def __getattr__(self, name):  # the Supervisor's hooks this stage does not have: the next stage's
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._output, name)
+
     def text(self) -> Optional[str]:
         """The summary of the last fit that reported one, or None."""
         if self.record is None:

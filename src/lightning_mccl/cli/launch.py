@@ -31,9 +31,12 @@ launcher's environment instead, and a NAME=VALUE whose name looks secret (SECRET
 A command that starts with ``python``/``python3`` runs with ``--python`` (default: the launcher's own
 interpreter), because a non-interactive ssh shell has no virtual environment activated.
 
-Supervision (see `supervise`): output prefixed ``[host rN]`` on stdout; the first rank to fail stops all
-the others and its exit code is the launcher's; Ctrl-C (SIGINT) is forwarded to every rank as SIGINT,
-anything still alive ``--grace`` seconds later is killed, and the launcher exits with 130.
+Supervision (see `supervise`): output prefixed ``[host rN]`` on stdout, a line that several ranks print
+alike shown once (`same_lines`); the first rank to fail stops all the others, each of which then shows one
+line, not its shutdown (`quiet_stop`), and its exit code is the launcher's, whose last line names that
+rank's first error line (`error_line`); Ctrl-C (SIGINT) is forwarded to every rank as SIGINT, anything
+still alive ``--grace`` seconds later is killed, and the launcher exits with 130. MCCL_DEBUG=INFO in the
+launcher's environment shows every line of every rank.
 
 Restarts (``--max-restarts N``): when a rank fails, every rank is stopped as above and then all of them
 are started again, up to N times; the job resumes from its own checkpoints (e.g. Lightning's
@@ -58,10 +61,12 @@ from typing import List, Mapping, Optional, Sequence
 
 from ..hostfile import HostfileError
 from . import fleet_summary
+from .error_line import RankTails
 from .fleet_args import _non_negative_int, _port_range, _positive_int, add_fleet_arguments, plan_from_args
 from .launch_plan import LaunchError, LaunchPlan, resolve_command
 from .prefixed_output import PrefixedOutput
 from .quiet_stop import QuietStop, wants_everything
+from .same_lines import SameLines
 from .supervise import Outcome, Supervisor
 
 
@@ -135,6 +140,21 @@ def supervise(plan: LaunchPlan, *, log, **kwargs) -> Outcome:
                       **kwargs).run()
 
 
+def job_output(plan: LaunchPlan):
+    """The launcher's output for one attempt, outermost first: every rank's last lines (`error_line`), one
+    line per stopped rank (`quiet_stop`), a line printed alike by several ranks once (`same_lines`), rank 0's
+    summary kept for the end (`fleet_summary`), prefixed lines on stdout; MCCL_DEBUG=INFO: every line.
+    Returns (output, summary)."""
+    summary = fleet_summary.SummaryTap(PrefixedOutput(plan.rank_specs()))
+    return RankTails(summary if wants_everything() else QuietStop(SameLines(summary))), summary
+
+
+def failure_line(outcome: Outcome, output: RankTails) -> str:
+    """", its first error: ..." for the failed rank of `outcome`, or "" when its output names none."""
+    error = output.first_error(outcome.failed.spec.rank)
+    return f"; its first error: {error}" if error else ""
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Optional[Sequence[str]]) -> int:
     """`mccl launch`: returns the exit code (parser.error exits 2 on bad input)."""
     from .console import make_log, stderr_console
@@ -161,15 +181,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
         log(f"`python` runs as {plan.python} (see --python)")
     fresh_port = args.local is not None and args.master_port is None
     while True:
-        # rank 0's summary line is kept for the end (fleet_summary); after Ctrl-C one line per rank (quiet_stop)
-        output = fleet_summary.SummaryTap(PrefixedOutput(plan.rank_specs()))
-        outcome = supervise(plan, log=log, output=output if wants_everything() else QuietStop(output))
+        output, summary = job_output(plan)
+        outcome = supervise(plan, log=log, output=output)
         if outcome.reason != "failed" or outcome.signal is not None or plan.restart >= plan.max_restarts:
             break  # a signal ends the job, also one that came while the ranks stopped after a failure
         f = outcome.failed
         plan = plan.next_attempt(fresh_port)
-        log(f"rank {f.spec.rank} on {f.spec.host} failed with exit code {f.returncode}: restarting all "
-            f"{plan.world_size} ranks (restart {plan.restart} of {plan.max_restarts}, master port {plan.master_port})")
+        log(f"rank {f.spec.rank} on {f.spec.host} failed with exit code {f.returncode}{failure_line(outcome, output)}; "
+            f"restarting all {plan.world_size} ranks (restart {plan.restart} of {plan.max_restarts}, master port "
+            f"{plan.master_port})")
     if outcome.reason == "ok":
         log(f"all {plan.world_size} ranks finished" + (f" (after {plan.restart} restart{'s' if plan.restart > 1 else ''})"
                                                        if plan.restart else ""))
@@ -178,9 +198,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
         tail = f" (no restarts left after {plan.restart})" if plan.max_restarts else ""
         if outcome.signal is not None and plan.restart < plan.max_restarts:
             tail = f" (not restarted: the launcher got {signal.Signals(outcome.signal).name})"
-        log(f"failed: rank {f.spec.rank} on {f.spec.host} exited with code {f.returncode}{tail}")
+        log(f"failed: rank {f.spec.rank} on {f.spec.host} exited with code {f.returncode}{tail}"
+            f"{failure_line(outcome, output)}")
     else:
         log(f"stopped ({outcome.reason}); exit code {outcome.returncode}")
-    if output.text():
-        print(output.text(), flush=True)
+    if summary.text():
+        print(summary.text(), flush=True)
     return outcome.returncode
