@@ -165,7 +165,9 @@ def local_addresses() -> set:
     return {addr.split("%")[0] for _, addr in _C.interfaces()}
 
 
-def _resolve(addr: str) -> set:
+def resolve(addr: str) -> set:
+    """The IP addresses `addr` stands for: itself when it is one, else what the name resolves to here (an
+    empty set when it does not)."""
     if _is_ip(addr):
         return {addr}
     try:
@@ -248,7 +250,7 @@ def find_node_rank(hostfile: Hostfile, env: Optional[Mapping[str, str]] = None,
                 raise HostfileError(f"{var}={rank} is outside the {hostfile.num_nodes} hosts of {hostfile.path}")
             return rank
     mine = set(addresses) if addresses is not None else local_addresses()
-    matches = [i for i, h in enumerate(hostfile.hosts) if _resolve(h.addr) & mine]
+    matches = [i for i, h in enumerate(hostfile.hosts) if resolve(h.addr) & mine]
     if len(matches) == 1:
         return matches[0]
     if not matches:
