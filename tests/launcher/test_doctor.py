@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from cli_runner import MCCL, env_with_fake_ssh, require_script, run_mccl
+from cli_runner import MCCL, env_with_fake_ssh, killed_on_error, require_script, run_mccl
 from lightning_mccl.cli.launch_plan import free_port
 from lightning_mccl.cli.doctor import HostReport, check_hosts
 from lightning_mccl.cli.doctor_bench import pair_rounds
@@ -153,7 +153,7 @@ def test_ctrl_c_during_the_measurement_prints_one_line(tmp_path):
     require_script()
     proc = subprocess.Popen([MCCL, "doctor", "--local", "2", "--size-mib", "64", "--iters", "1000"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
+    with killed_on_error(proc):
         before = []
         for line in proc.stderr:  # up to the start of the measurement
             before.append(line)
@@ -162,10 +162,6 @@ def test_ctrl_c_during_the_measurement_prints_one_line(tmp_path):
         time.sleep(3.0)  # the ranks importing torch, at the rendezvous or measuring
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
     assert proc.returncode == 130, "".join(before) + err
     assert err.splitlines() == [
         "mccl doctor: received SIGINT: stopping all ranks (send it again to kill them at once)"], err

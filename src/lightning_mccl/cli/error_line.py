@@ -20,6 +20,8 @@ import re
 from collections import deque
 from typing import Dict, Optional, Sequence
 
+from .prefixed_output import OutputStage
+
 TAIL_LINES = 400  # lines kept per rank: a traceback and a LightningCLI usage text fit with room to spare
 TRACEBACK = "Traceback (most recent call last):"
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
@@ -73,12 +75,11 @@ def first_error(lines: Sequence[str]) -> Optional[str]:
     return None
 
 
-class RankTails:
-    """An output stage (see `supervise`): passes every line on to `output` and keeps each rank's last
-    TAIL_LINES; hooks it does not have go to `output`."""
+class RankTails(OutputStage):
+    """An output stage: passes every line on to `output` and keeps each rank's last TAIL_LINES."""
 
     def __init__(self, output, keep: int = TAIL_LINES):
-        self._output = output
+        super().__init__(output)
         self._keep = keep
         self._tails: Dict[int, deque] = {}
 
@@ -88,8 +89,3 @@ class RankTails:
 
     def first_error(self, rank: int) -> Optional[str]:
         return first_error(list(self._tails.get(rank, ())))
-
-    def __getattr__(self, name):  # the Supervisor's hooks this stage does not have: the next stage's
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._output, name)

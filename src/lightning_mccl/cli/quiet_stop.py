@@ -22,6 +22,7 @@ from collections import deque
 from typing import Dict, Mapping, Optional
 
 from .error_line import TAIL_LINES, first_error
+from .prefixed_output import OutputStage
 
 VERBOSE_LEVELS = ("INFO", "TRACE", "2", "3")
 
@@ -32,9 +33,9 @@ def wants_everything(environ: Optional[Mapping[str, str]] = None) -> bool:
     return environ.get("MCCL_DEBUG", "").strip().upper() in VERBOSE_LEVELS
 
 
-class QuietStop:
+class QuietStop(OutputStage):
     def __init__(self, output):
-        self._output = output
+        super().__init__(output)
         self._quiet = False
         self._failed = None  # the spec of the rank whose failure began the stop (None: a signal did)
         self._withheld: Dict[int, int] = {}
@@ -65,13 +66,3 @@ class QuietStop:
             hidden += ", MCCL_DEBUG=INFO shows them"
         note = getattr(self._output, "note", self._output.line)  # never taken for another rank's copy
         note(spec, f"stopped by the launcher{after} (exit code {code}){hidden}")
-
-    def flush(self) -> None:
-        flush = getattr(self._output, "flush", None)
-        if flush is not None:
-            flush()
-
-    def __getattr__(self, name):  # the Supervisor's hooks this stage does not have: the next stage's
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._output, name)

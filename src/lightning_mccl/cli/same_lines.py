@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Dict, List
 
+from .prefixed_output import OutputStage
+
 MAX_TEXTS = 4096
 
 
@@ -31,9 +33,9 @@ class _Text:
         self.first = first  # the label of the rank that showed it first
 
 
-class SameLines:
+class SameLines(OutputStage):
     def __init__(self, output, max_texts: int = MAX_TEXTS):
-        self._output = output
+        super().__init__(output)
         self._max = max_texts
         self._texts: "OrderedDict[str, _Text]" = OrderedDict()
         self._held: Dict[int, List] = {}  # rank: [spec, lines held back, labels of the ranks that showed them]
@@ -74,19 +76,10 @@ class SameLines:
     def rank_exited(self, spec, code) -> None:
         """Called by the Supervisor when a rank exits (after its output, as far as it came)."""
         self._say_held(spec.rank)
-        hook = getattr(self._output, "rank_exited", None)
-        if hook is not None:
-            hook(spec, code)
+        self.forward("rank_exited", spec, code)
 
     def finish(self) -> None:
         """Called by the Supervisor at the end: what is still held back (output that came after an exit)."""
         for rank in list(self._held):
             self._say_held(rank)
-        hook = getattr(self._output, "finish", None)
-        if hook is not None:
-            hook()
-
-    def __getattr__(self, name):  # the Supervisor's hooks this stage does not have: the next stage's
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._output, name)
+        self.forward("finish")
