@@ -226,6 +226,8 @@ def test_a_failing_rank_stops_the_others_and_sets_the_exit_code(tmp_path, via):
     assert_all_gone(pids_of(tmp_path, [0, 2]) + [failed["pid"]])
     host = "local" if via == "local" else "mac-1"
     assert f"rank 1 on {host} exited with code 3; stopping the other 2 ranks" in r.stderr
+    assert r.stderr.strip().splitlines()[-1].endswith(  # no error line in its output: its last line
+        f"failed: rank 1 on {host} exited with code 3; its last line: rank 1 failing with exit code 3"), r.stderr
     out = prefixed(r.stdout)
     assert out[f"{host} r1"][0] == "rank 1 failing with exit code 3"
     assert "rank 0 sleeping" in out[f"{'local' if via == 'local' else 'mac-0'} r0"]

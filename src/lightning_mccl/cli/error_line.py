@@ -89,3 +89,7 @@ class RankTails(OutputStage):
 
     def first_error(self, rank: int) -> Optional[str]:
         return first_error(list(self._tails.get(rank, ())))
+
+    def last_line(self, rank: int) -> Optional[str]:
+        """The rank's last line that is not blank, or None."""
+        return next((t.strip() for t in reversed(self._tails.get(rank, ())) if t.strip()), None)

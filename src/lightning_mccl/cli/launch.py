@@ -150,9 +150,14 @@ def job_output(plan: LaunchPlan):
 
 
 def failure_line(outcome: Outcome, output: RankTails) -> str:
-    """", its first error: ..." for the failed rank of `outcome`, or "" when its output names none."""
-    error = output.first_error(outcome.failed.spec.rank)
-    return f"; its first error: {error}" if error else ""
+    """"; its first error: ..." for the failed rank of `outcome` (`error_line`); else, when it exited by itself
+    (code 1-127, not killed by a signal), "; its last line: ..."; else ""."""
+    rank, code = outcome.failed.spec.rank, outcome.failed.returncode
+    error = output.first_error(rank)
+    if error:
+        return f"; its first error: {error}"
+    last = output.last_line(rank) if code is not None and 0 < code < 128 else None
+    return f"; its last line: {last}" if last else ""
 
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Optional[Sequence[str]]) -> int:
