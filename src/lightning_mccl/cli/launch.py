@@ -192,9 +192,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
             break  # a signal ends the job, also one that came while the ranks stopped after a failure
         f = outcome.failed
         plan = plan.next_attempt(fresh_port)
-        log(f"rank {f.spec.rank} on {f.spec.host} failed with exit code {f.returncode}{failure_line(outcome, output)}; "
-            f"restarting all {plan.world_size} ranks (restart {plan.restart} of {plan.max_restarts}, master port "
-            f"{plan.master_port})")
+        log(f"rank {f.spec.rank} on {f.spec.host} failed with exit code {f.returncode}: restarting all "
+            f"{plan.world_size} ranks (restart {plan.restart} of {plan.max_restarts}, master port {plan.master_port})"
+            f"{failure_line(outcome, output)}")
     if outcome.reason == "ok":
         log(f"all {plan.world_size} ranks finished" + (f" (after {plan.restart} restart{'s' if plan.restart > 1 else ''})"
                                                        if plan.restart else ""))
