@@ -32,7 +32,7 @@ AlgoChoice pick(const Config& c, CollectiveKind kind, int world, size_t bytes) {
 
 }  // namespace
 
-// The allreduce rows follow benchmarks/results/h200_algos_W{4,8} and h200x2_algo_rd_vs_ring_W{16,24}.md.
+// The allreduce rows follow benchmarks/results/h200_algos/ and h200x2_algo_rd_vs_ring/ (docs/settings.md).
 TEST(allreduce_follows_the_measured_crossovers) {
   const Config c;
   struct Row {
