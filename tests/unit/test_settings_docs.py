@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -67,21 +69,12 @@ def test_readme_variables_agree_with_the_engine():
     _check(rows, _declared(), "README.md")
 
 
-def test_the_check_fails_on_a_wrong_default(tmp_path):
-    declared = _declared()
+@pytest.mark.parametrize("row, error", [
+    ("| `MCCL_SPIN_US` | `5` | x |", "MCCL_SPIN_US's default is '5', the engine's '50'"),
+    ("| `MCCL_SPINUS` | `50` | x |", "MCCL_SPINUS is neither in the engine's table nor read in src/"),
+])
+def test_the_check_fails_on_a_wrong_row(tmp_path, row, error):
     doc = tmp_path / "doc.md"
-    doc.write_text("## Variables\n\n| variable | default | meaning |\n|---|---|---|\n"
-                   "| `MCCL_SPIN_US` | `5` | x |\n")
-    try:
-        _check(_table(doc, "## Variables"), declared, "doc.md")
-    except AssertionError as e:
-        assert "MCCL_SPIN_US's default is '5', the engine's '50'" in str(e)
-    else:
-        raise AssertionError("a wrong default passed")
-    doc.write_text("## Variables\n\n| `MCCL_SPINUS` | `50` | x |\n")
-    try:
-        _check(_table(doc, "## Variables"), declared, "doc.md")
-    except AssertionError as e:
-        assert "MCCL_SPINUS is neither in the engine's table nor read in src/" in str(e)
-    else:
-        raise AssertionError("an unknown variable passed")
+    doc.write_text(f"## Variables\n\n| variable | default | meaning |\n|---|---|---|\n{row}\n")
+    with pytest.raises(AssertionError, match=re.escape(error)):
+        _check(_table(doc, "## Variables"), _declared(), "doc.md")
