@@ -11,9 +11,12 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from launch_env import HERE, clean_env
+
+pytestmark = pytest.mark.slow  # make test-quick leaves these out (docs/testing.md)
 
 SCRIPT = os.path.join(HERE, "resume_script.py")
 DEADLINE_S = 180  # both launches together; about 25 s on 2 idle cores

@@ -136,6 +136,8 @@ def wire_settings(wire: Optional[str], existing: Optional[str]) -> Dict[str, str
 
 
 def _normal(value: str) -> str:
-    v = value.strip().lower()
-    return {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "none": "off", "float32": "off", "fp32": "off",
-            "": "off"}.get(v, v)
+    """An MCCL_WIRE_DTYPE value as the engine reads it, by its usual name ("off", "bf16", ...); ValueError naming
+    the variable for a value the engine does not take."""
+    from lightning_mccl._C import wire_type
+
+    return wire_type(value)
