@@ -45,6 +45,40 @@ def test_registered_names_mirror_lightning_ddp_without_ddp():
     assert {n.replace("ddp", "mccl") for n in ddp_names if "fork" not in n and "notebook" not in n} <= ours
 
 
+def test_fabric_registers_the_same_table_without_the_compressions():
+    """One table (names.py) for both registries: Fabric has every name of the Trainer's but the compressions,
+    each with the same arguments."""
+    from lightning.fabric.strategies import STRATEGY_REGISTRY
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    from lightning_mccl.lightning import MCCLFabricStrategy, MCCLStrategy
+
+    trainer = {n: StrategyRegistry[n]["init_params"] for n in StrategyRegistry.available_strategies()
+               if StrategyRegistry[n]["strategy"] is MCCLStrategy}
+    fabric = {n: STRATEGY_REGISTRY[n]["init_params"] for n in STRATEGY_REGISTRY.available_strategies()
+              if STRATEGY_REGISTRY[n]["strategy"] is MCCLFabricStrategy}
+    assert fabric == {n: p for n, p in trainer.items() if "compress" not in p}
+    assert fabric["mccl_find_unused_parameters_false"] == {"find_unused_parameters": False, "start_method": "popen"}
+    strategy = STRATEGY_REGISTRY.get("mccl_spawn_find_unused_parameters_true")
+    assert type(strategy) is MCCLFabricStrategy and strategy._ddp_kwargs["find_unused_parameters"] is True
+
+
+def test_the_two_front_ends_share_the_group_module_and_not_each_other():
+    """strategy.py and fabric.py import the group setup from group.py, never from each other (no cycle)."""
+    import ast
+    from pathlib import Path
+
+    import lightning_mccl.lightning as package
+
+    here = Path(package.__file__).parent
+    for module, other in (("strategy", "fabric"), ("fabric", "strategy")):
+        tree = ast.parse((here / f"{module}.py").read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1
+                    for alias in node.names} | {node.module for node in ast.walk(tree)
+                                                if isinstance(node, ast.ImportFrom) and node.level == 1}
+        assert other not in imported and "group" in imported, (module, imported)
+
+
 def test_arguments_compress_timeout_ddp_kwargs_and_hint():
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 

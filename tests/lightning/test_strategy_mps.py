@@ -96,7 +96,7 @@ def test_setup_on_mps_binds_no_device_creates_no_cuda_stream_and_registers_the_h
     is no MPS here), the strategy's root device is MPS."""
     import atexit
 
-    from lightning_mccl.lightning import strategy as strategy_module
+    from lightning_mccl.lightning import group
 
     from lightning.fabric.utilities.distributed import _InfiniteBarrier
 
@@ -112,8 +112,12 @@ def test_setup_on_mps_binds_no_device_creates_no_cuda_stream_and_registers_the_h
         return default_hooks.allreduce_hook(state, bucket)
 
     at_exit = []
+
+    def unregister(handler):
+        at_exit[:] = [h for h in at_exit if h is not handler]
+
     mps_stand_in.setattr(atexit, "register", at_exit.append)
-    mps_stand_in.setattr(strategy_module, "_destroy_registered", False)
+    mps_stand_in.setattr(atexit, "unregister", unregister)
     init_calls = spy_init_process_group(mps_stand_in)
     forbid_cuda_stream(mps_stand_in)
     strategy = make_trainer(MCCLStrategy(ddp_comm_hook=hook_spy, timeout=60), "mps", tmp_path).strategy
@@ -123,7 +127,9 @@ def test_setup_on_mps_binds_no_device_creates_no_cuda_stream_and_registers_the_h
         assert len(init_calls) == 1 and "device_id" not in init_calls[0], init_calls  # (b)
         assert init_calls[0]["timeout"] == timedelta(seconds=60)
         assert dist.get_backend() == "mccl" and dist.group.WORLD.bound_device_id is None
-        assert at_exit == [strategy_module.destroy_at_exit]  # (e)
+        assert at_exit == [group._destroy_default_group]  # (e)
+        group.destroy_at_exit()
+        assert at_exit == [group._destroy_default_group]  # once, however often asked
         with _InfiniteBarrier():  # Lightning's Gloo group next to ours: unbound, so Gloo can run it
             pass
 
