@@ -2,6 +2,7 @@
 
     trainer = Trainer(strategy="mccl", num_nodes=24)                    # one process per Mac, MPS
     trainer = Trainer(strategy=MCCLStrategy(compress="bf16"), num_nodes=24)
+    trainer = Trainer(strategy=MCCLStrategy(sync="diloco", sync_every=32, compress="bf16"), num_nodes=24)
 
 It is `DDPStrategy` with `process_group_backend="mccl"`, overriding only what stops DDP on MPS in
 Lightning 2.6 (`lightning.pytorch.strategies.ddp`):
@@ -15,6 +16,9 @@ Lightning 2.6 (`lightning.pytorch.strategies.ddp`):
 - `set_world_ranks`: with $MCCL_HOSTFILE set and only Lightning's fallback `LightningEnvironment` chosen,
   uses `MacFleetEnvironment` (the hostfile's fleet) instead.
 - `on_exception`: the unused-parameters hint names the mccl strategy names.
+- `sync="diloco"` (outer_sync.py): `configure_ddp` leaves the model unwrapped and sets up DiLoCo, which
+  `optimizer_step` drives; `on_train_end` syncs the last round; `save_checkpoint`, `load_checkpoint` and
+  `remove_checkpoint` keep each rank's own part of the checkpoint.
 
 Lightning's privates: `_init_dist_connection` (group.py), `_register_ddp_hooks` (overridden) and the
 accelerator connector's MPS check (which refuses every `ParallelStrategy` instance on MPS, see `mps_gate`), all
@@ -39,7 +43,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 from ..options import Options
-from . import comm_metrics, mps_gate, names
+from . import comm_metrics, mps_gate, names, outer_sync
 from . import compress as _compress
 from .comm_metrics import CommMetrics, comm_metrics_option
 from .group import BACKEND, DEFAULT_TIMEOUT, bucket_cap_mb as _bucket_cap_mb, fleet_environment, group_timeout, \
@@ -74,6 +78,11 @@ class MCCLStrategy(DDPStrategy):
             variables), given to `init_process_group` as `pg_options`; they override the environment for this
             group (docs/settings.md). The wire type is `compress`'s, not an option: the strategy adds it to the
             same pg_options and never sets the environment variable.
+        sync: "ddp" (default): every step's gradients all-reduced. "diloco": DiLoCo (docs/diloco.md): each rank
+            trains on its own for sync_every batches, then an outer Nesterov step (outer_lr, outer_momentum)
+            moves the weights every rank shares by the average of their progress, sync_delay optimizer steps
+            later, while training goes on; `compress` is then the pseudo-gradients' wire type ("bf16", "fp16";
+            None: float32).
     """
 
     strategy_name = "mccl"
@@ -100,14 +109,27 @@ class MCCLStrategy(DDPStrategy):
         bucket_cap_mb: Optional[float] = None,
         comm_metrics: Union[bool, "CommMetrics"] = True,
         options: Optional[Union[Options, Mapping[str, object]]] = None,
+        sync: Literal["ddp", "diloco"] = "ddp",
+        sync_every: Optional[int] = None,
+        outer_lr: float = 0.7,
+        outer_momentum: float = 0.9,
+        sync_delay: int = 1,
         **kwargs: Any,
     ) -> None:
         options = Options(options.settings if isinstance(options, Options) else options)  # checks the names
         if "MCCL_WIRE_DTYPE" in options.settings:
             raise ValueError("MCCLStrategy(options=...): MCCL_WIRE_DTYPE is chosen by compress= (\"bf16\", \"fp16\"), "
                              "not by the options")
-        plan = _compress.plan(compress, compress_options, process_group_backend == BACKEND, ddp_comm_hook,
-                              ddp_comm_wrapper, ddp_comm_state)
+        ddp_given = outer_sync.ddp_arguments_given(dict(
+            ddp_comm_hook=ddp_comm_hook, ddp_comm_wrapper=ddp_comm_wrapper, ddp_comm_state=ddp_comm_state,
+            model_averaging_period=model_averaging_period, compress_options=compress_options,
+            bucket_cap_mb=bucket_cap_mb, find_unused_parameters=find_unused_parameters, static_graph=static_graph,
+            gradient_as_bucket_view=gradient_as_bucket_view, **kwargs))
+        outer = {"outer_lr": outer_lr, "outer_momentum": outer_momentum, "sync_delay": sync_delay}
+        self._diloco_config = outer_sync.settings(sync, sync_every, outer, compress, ddp_given,
+                                                  process_group_backend == BACKEND)
+        plan = _compress.plan(None if self._diloco_config else compress, compress_options,
+                              process_group_backend == BACKEND, ddp_comm_hook, ddp_comm_wrapper, ddp_comm_state)
         ddp_comm_hook, ddp_comm_wrapper, ddp_comm_state = plan.hook, plan.wrapper, plan.state
         timeout = group_timeout(timeout, "MCCLStrategy")
         kwargs.update(
@@ -115,7 +137,8 @@ class MCCLStrategy(DDPStrategy):
             static_graph=static_graph,
             gradient_as_bucket_view=gradient_as_bucket_view,
         )
-        bucket_cap_mb = _bucket_cap_mb(bucket_cap_mb, process_group_backend, compress)
+        if not self._diloco_config:
+            bucket_cap_mb = _bucket_cap_mb(bucket_cap_mb, process_group_backend, compress)
         if bucket_cap_mb is not None:
             kwargs["bucket_cap_mb"] = bucket_cap_mb
         super().__init__(
@@ -138,6 +161,21 @@ class MCCLStrategy(DDPStrategy):
         self._compress_plan = plan
         self.comm_metrics = comm_metrics_option(comm_metrics)
         self.options = options
+        self.sync, self.sync_every = sync, sync_every
+        self.outer_lr, self.outer_momentum, self.sync_delay = outer_lr, outer_momentum, sync_delay
+        self._outer: Optional[outer_sync.OuterSync] = None  # DiLoCo during a fit
+        self._outer_resume: Optional[dict] = None  # its state from the checkpoint being resumed
+
+    @property
+    def diloco(self) -> Optional["lightning_mccl.diloco.DiLoCo"]:  # noqa: F821
+        """During a fit with sync="diloco": its `lightning_mccl.diloco.DiLoCo` (anchor, rounds, ...); else None."""
+        return self._outer.diloco if self._outer is not None else None
+
+    @property
+    def outer_group(self) -> Optional[Any]:
+        """During a fit with sync="diloco": the process group of its outer allreduce (for
+        `lightning_mccl.stats(group)`); else None."""
+        return self._outer.group if self._outer is not None else None
 
     def _uses_mccl(self) -> bool:
         return self._get_process_group_backend() == BACKEND
@@ -177,6 +215,59 @@ class MCCLStrategy(DDPStrategy):
     def setup(self, trainer: "pl.Trainer") -> None:
         comm_metrics.attach(trainer, self.comm_metrics)
         super().setup(trainer)
+
+    @override
+    def configure_ddp(self) -> None:
+        if self._diloco_config is None:
+            super().configure_ddp()
+            return
+        module = self.lightning_module
+        self._outer = outer_sync.OuterSync(self._diloco_config, module, module.trainer, self._layer_sync,
+                                           self._get_process_group_backend(), self.options.settings,
+                                           self._outer_resume)
+        self._outer_resume = None
+
+    @override
+    def optimizer_step(self, *args: Any, **kwargs: Any) -> Any:
+        output = super().optimizer_step(*args, **kwargs)
+        if self._outer is not None:
+            self._outer.diloco.step()
+        return output
+
+    @override
+    def on_train_end(self) -> None:
+        super().on_train_end()
+        if self._outer is not None:
+            self._outer.finish()
+            self._outer = None
+
+    @override
+    def save_checkpoint(self, checkpoint: dict, filepath: Any, storage_options: Optional[Any] = None) -> None:
+        own = None
+        if self._outer is not None and "optimizer_states" in checkpoint:  # not for weights-only checkpoints
+            own = self._outer.save(checkpoint, self.global_rank)
+        if own is not None:
+            self.checkpoint_io.save_checkpoint(own, outer_sync.own_file(filepath, self.global_rank))
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict:
+        checkpoint = super().load_checkpoint(checkpoint_path, *args, **kwargs)
+        if self._diloco_config is not None:
+            self._outer_resume = outer_sync.resume_state(checkpoint, checkpoint_path, self.global_rank,
+                                                         self.checkpoint_io)
+        return checkpoint
+
+    @override
+    def remove_checkpoint(self, filepath: Any) -> None:
+        super().remove_checkpoint(filepath)
+        if self._diloco_config is not None and self.global_rank != 0:
+            self.checkpoint_io.remove_checkpoint(outer_sync.own_file(filepath, self.global_rank))
+
+    @override
+    def teardown(self) -> None:
+        super().teardown()
+        self._outer = None  # after an exception its group is left to the exit hook
 
     @override
     def determine_ddp_device_ids(self) -> Optional[list[int]]:
