@@ -114,7 +114,8 @@ class DiLoCo:
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]
         devices = {t.device for t in self.params + self.buffers}
         if len(devices) > 1:
-            raise ValueError(f"{owner}: DiLoCo needs the model on one device, its tensors are on {sorted(map(str, devices))}")
+            raise ValueError(f"{owner}: DiLoCo needs the model on one device, its tensors are on "
+                             f"{sorted(map(str, devices))}")
         device = devices.pop() if devices else torch.device("cpu")
         n = sum(p.numel() for p in self.params)
         f32 = dict(dtype=torch.float32, device=device)
@@ -195,7 +196,8 @@ class DiLoCo:
                 b.copy_(v)
         self._pending = None
 
-    def _pack(self, flat: torch.Tensor, tensors: List[torch.Tensor], views: Optional[List[torch.Tensor]] = None) -> None:
+    def _pack(self, flat: torch.Tensor, tensors: List[torch.Tensor],
+              views: Optional[List[torch.Tensor]] = None) -> None:
         with torch.no_grad():
             for v, t in zip(views if views is not None else _views(flat, tensors), tensors):
                 v.copy_(t)
@@ -243,8 +245,8 @@ def check_settings(sync_every: Any, outer_lr: Any, outer_momentum: Any, sync_del
     if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
         raise ValueError(f"{owner}(sync_every={sync_every!r}): expected the inner steps per round, an int >= 1")
     if isinstance(sync_delay, bool) or not isinstance(sync_delay, int) or not 1 <= sync_delay <= sync_every:
-        raise ValueError(f"{owner}(sync_delay={sync_delay!r}): expected an int from 1 to sync_every={sync_every} (inner "
-                         f"steps between a round's end and its outer step)")
+        raise ValueError(f"{owner}(sync_delay={sync_delay!r}): expected an int from 1 to sync_every={sync_every} "
+                         f"(inner steps between a round's end and its outer step)")
     if isinstance(outer_lr, bool) or not isinstance(outer_lr, (int, float)) or not outer_lr > 0:
         raise ValueError(f"{owner}(outer_lr={outer_lr!r}): expected a number > 0")
     if isinstance(outer_momentum, bool) or not isinstance(outer_momentum, (int, float)) \

@@ -58,8 +58,8 @@ def inner_update(config: str, step: int, rank: int):
     """What rank `rank`'s inner step `step` (1-based) adds to a and b, and the new value it mixes into stat."""
     every, delay, _, _, _, steps, _ = CONFIGS[config]  # bf16 and its fp32 twin train on the same updates
     g = torch.Generator().manual_seed(zlib.crc32(f"{every}/{delay}/{steps}/{step}/{rank}".encode()))
-    return (0.1 * torch.randn(5, generator=g, dtype=torch.float64), 0.1 * torch.randn(2, 3, generator=g, dtype=torch.float64),
-            torch.randn(3, generator=g, dtype=torch.float64))
+    f64 = dict(generator=g, dtype=torch.float64)
+    return 0.1 * torch.randn(5, **f64), 0.1 * torch.randn(2, 3, **f64), torch.randn(3, **f64)
 
 
 def train(model, outer, config, first, last, rank):

@@ -113,7 +113,7 @@ def test_a_diloco_fit_killed_mid_round_and_relaunched_resumes_to_the_same_weight
         assert all((want["params"][k] - v).abs().max() > 1e-3 for k, v in want["initial"].items()), "nothing trained"
         for name, value in want["params"].items():
             diff = (got["params"][name] - value).abs().max().item()
-            assert diff == 0.0, f"rank {rank} {name}: the resumed DiLoCo fit differs from the uninterrupted one by {diff}"
+            assert diff == 0.0, f"rank {rank} {name}: the resumed DiLoCo fit differs from the uninterrupted one: {diff}"
         for a, b in zip(got["momentum"], want["momentum"]):
             assert torch.equal(a, b), "the inner SGD momentum differs after the resume"
     r0, r1 = torch.load(ref / "final.rank0.pt"), torch.load(ref / "final.rank1.pt")
