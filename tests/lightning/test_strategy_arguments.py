@@ -371,6 +371,8 @@ def test_diloco_bad_arguments_are_named(kwargs, message):
      "MCCLStrategy(sync='diloco', sync_delay=2): more than the 1 optimizer steps of a round"),
     (dict(sync_batchnorm=True), "MCCLStrategy(sync='diloco') with Trainer(sync_batchnorm=True): that synchronises "
                                 "every forward pass"),
+    (dict(model="two_optimizers"), "MCCLStrategy(sync='diloco') counts a round in the steps of one optimizer; this "
+                                   "LightningModule has 2"),
 ])
 def test_diloco_trainer_settings_that_do_not_fit_are_named_at_setup(no_launch_env, tmp_path, trainer_kwargs, message):
     """A one-rank fit over a real mccl group: the Trainer's setting is refused when the strategy sets up, before
@@ -381,6 +383,15 @@ def test_diloco_trainer_settings_that_do_not_fit_are_named_at_setup(no_launch_en
     from launch_env import free_port
     from lightning_mccl.lightning import MCCLStrategy
 
+    class TwoOptimizers(TinyModel):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def configure_optimizers(self):
+            return [torch.optim.SGD(self.net[0].parameters(), lr=0.1), torch.optim.SGD(self.net[2].parameters(), lr=0.1)]
+
+    model = TwoOptimizers() if trainer_kwargs.pop("model", None) else TinyModel()
     no_launch_env.setenv("MASTER_PORT", str(free_port()))
     strategy = MCCLStrategy(sync="diloco", sync_every=4, timeout=30, **trainer_kwargs.pop("strategy_kwargs", {}))
     trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=1, max_steps=2, logger=False,
@@ -388,7 +399,7 @@ def test_diloco_trainer_settings_that_do_not_fit_are_named_at_setup(no_launch_en
                         default_root_dir=str(tmp_path), **trainer_kwargs)
     try:
         with pytest.raises(ValueError) as info:
-            trainer.fit(TinyModel())
+            trainer.fit(model)
         assert str(info.value).startswith(message), str(info.value)
         assert trainer.global_step == 0
     finally:

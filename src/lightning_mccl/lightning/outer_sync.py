@@ -4,7 +4,8 @@
 
 - **Arguments** (`settings`): `sync_every` counts training batches per round, so with `accumulate_grad_batches=k`
   a round is sync_every / k inner optimizer steps and k must divide it. `compress` is the pseudo-gradients' wire
-  type: "bf16" or "fp16" (the engine narrows them on the wire, accumulating in float32), None float32. Settings
+  type: "bf16" or "fp16" (the engine narrows them on the wire, accumulating in float32); None: float32 (unless
+  MCCL_WIRE_DTYPE in the environment says otherwise, as for any group). Settings
   that belong to DDP (comm hooks, PowerSGD, buckets, unused parameters, ...) are errors naming them: the model
   is not wrapped in DDP at all, so no step allreduces a gradient.
 - **The fit** (`OuterSync`): a dedicated group for the outer allreduce (the strategy's options plus the wire
@@ -104,6 +105,13 @@ def check_trainer(config: Settings, trainer: Any, layer_sync: Any) -> int:
         raise ValueError(f"{OWNER}(sync='diloco') with Trainer(sync_batchnorm=True): that synchronises every "
                          f"forward pass; DiLoCo averages the BatchNorm statistics at each outer sync instead")
     return config.sync_every // k
+
+
+def check_optimizers(optimizers: list) -> None:
+    """ValueError unless there is one optimizer: a round counts its steps."""
+    if len(optimizers) != 1:
+        raise ValueError(f"{OWNER}(sync='diloco') counts a round in the steps of one optimizer; this LightningModule "
+                         f"has {len(optimizers)}")
 
 
 class OuterSync:

@@ -215,6 +215,8 @@ class MCCLStrategy(DDPStrategy):
     def setup(self, trainer: "pl.Trainer") -> None:
         comm_metrics.attach(trainer, self.comm_metrics)
         super().setup(trainer)
+        if self._outer is not None:
+            outer_sync.check_optimizers(self.optimizers)
 
     @override
     def configure_ddp(self) -> None:
