@@ -270,6 +270,7 @@ class MCCLStrategy(DDPStrategy):
     def teardown(self) -> None:
         super().teardown()
         self._outer = None  # after an exception its group is left to the exit hook
+        self._outer_resume = None  # read by a validate/test that loaded a DiLoCo checkpoint
 
     @override
     def determine_ddp_device_ids(self) -> Optional[list[int]]:
