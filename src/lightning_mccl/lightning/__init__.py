@@ -7,7 +7,9 @@
 
 This module does not import Lightning itself, so that `import lightning_mccl` stays cheap for torch-only
 users: the classes are loaded on first access, and `register_when_lightning_imported()` (called by
-`import lightning_mccl`) registers the strategy names once `lightning.pytorch` has been imported.
+`import lightning_mccl`) registers the strategy names once `lightning.pytorch` has been imported. The Trainer's
+names are strategy.py's to register and Fabric's fabric.py's (one table: names.py), each as its module ends, as
+Lightning's own strategies do; `_register` imports both.
 """
 from __future__ import annotations
 
