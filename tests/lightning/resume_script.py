@@ -16,7 +16,9 @@ loader (Lightning then replays the epoch's remaining batches); at an epoch bound
 checkpoint at the end of epoch 1 (step 10) is mid-round with the sync of step 9 in flight. The first attempt
 first runs the same fit without a kill in the same processes (into OUT_DIR/reference), and every DiLoCo fit
 records, after each training step: the allreduces the step ran on the default group, the outer group's
-allreduce count, a checksum of the anchor and its wire type (steps.rank<R>.txt in its directory).
+allreduce count, a checksum of the anchor and its wire type (steps.rank<R>.txt in its directory); its
+CommMetrics (every 5 steps) count the outer group: the wire type they read and the bytes per step of each window
+go into final.rank<R>.pt.
 """
 from __future__ import annotations
 
@@ -88,13 +90,15 @@ class Resumable(L.LightningModule):
 
 
 def fit(out_dir: str, kill_at, diloco: bool) -> None:
-    from lightning_mccl.lightning import MCCLStrategy
+    from lightning_mccl.lightning import CommMetrics, MCCLStrategy
 
     model = Resumable(out_dir, kill_at)
+    metrics = CommMetrics(every_n_steps=5, summary=False)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     checkpoint = ModelCheckpoint(dirpath=os.path.join(out_dir, "ckpt"), save_last=True, save_top_k=-1,
                                  every_n_epochs=1, filename="{epoch}")
-    trainer = L.Trainer(strategy=MCCLStrategy(**DILOCO) if diloco else "mccl", accelerator="cpu", devices=2,
+    trainer = L.Trainer(strategy=MCCLStrategy(**DILOCO, comm_metrics=metrics) if diloco else "mccl",
+                        accelerator="cpu", devices=2,
                         max_epochs=EPOCHS, logger=False, callbacks=[checkpoint], enable_progress_bar=False,
                         enable_model_summary=False, deterministic=True)
     trainer.fit(model, ckpt_path="last")
@@ -102,7 +106,9 @@ def fit(out_dir: str, kill_at, diloco: bool) -> None:
     rank = trainer.global_rank
     torch.save({"params": {k: v.detach().clone() for k, v in model.state_dict().items()},
                 "momentum": [optimizer.state[p]["momentum_buffer"].clone() for p in model.parameters()],
-                "initial": initial, "global_step": trainer.global_step},
+                "initial": initial, "global_step": trainer.global_step,
+                "comm_wire": metrics._backend.wire_dtype if diloco else None,
+                "comm_bytes_per_step": [h["bytes_per_step"] for h in metrics.history]},
                os.path.join(out_dir, f"final.rank{rank}.pt"))
     if diloco:
         with open(os.path.join(out_dir, f"steps.rank{rank}.txt"), "a") as f:

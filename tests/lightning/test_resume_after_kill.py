@@ -118,6 +118,9 @@ def test_a_diloco_fit_killed_mid_round_and_relaunched_resumes_to_the_same_weight
             assert torch.equal(a, b), "the inner SGD momentum differs after the resume"
     r0, r1 = torch.load(ref / "final.rank0.pt"), torch.load(ref / "final.rank1.pt")
     assert all(torch.equal(r0["params"][k], r1["params"][k]) for k in r0["params"]), "the ranks end apart"
+    for record in (r0, r1):  # CommMetrics watched the outer group (bf16; the default group reads off)
+        assert record["comm_wire"] == "bf16" and len(record["comm_bytes_per_step"]) == 3, record
+        assert all(b > 0 for b in record["comm_bytes_per_step"]), record["comm_bytes_per_step"]
 
     steps = [_steps(ref / f"steps.rank{rank}.txt") for rank in (0, 1)]
     assert sorted(steps[0]) == sorted(steps[1]) == list(range(1, 16))
