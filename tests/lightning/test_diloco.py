@@ -162,7 +162,7 @@ def reference(name):
 
 @pytest.fixture(scope="module")
 def ranks():
-    return run_ranks(schedule_worker, WORLD, timeout=120)
+    return run_ranks(schedule_worker, WORLD, backend="mccl", timeout=120)  # stats() reads mccl groups
 
 
 @pytest.mark.parametrize("name", ["delay1", "round_late", "fp32_twin"])
@@ -239,7 +239,7 @@ def dying_worker(rank, world):
 
 def test_a_rank_that_dies_during_an_outer_sync_is_an_error_on_every_other_rank():
     with pytest.raises(RunFailed) as info:
-        run_ranks(dying_worker, WORLD, timeout=60, pg_timeout=20)
+        run_ranks(dying_worker, WORLD, backend="mccl", timeout=60, pg_timeout=20)
     results = info.value.results
     assert set(results) == {0, 1}, info.value
     for rank in (0, 1):
