@@ -16,6 +16,8 @@ import pytest
 from cli_runner import MCCL, env_with_fake_ssh, killed_on_error, require_script, run_mccl, wait_for_files
 from test_launch import prefixed, write_hostfile
 
+pytestmark = pytest.mark.slow  # make test-quick leaves these out (docs/testing.md)
+
 PROGRAM = str(Path(__file__).resolve().parent / "lightning_rank.py")
 MISMATCH = "ValueError: You set `devices=1` and `num_nodes=4` in Lightning, but the product (1 * 4) does not match the world size (2)."
 # From the moment a rank has imported torch and Lightning to the launcher's exit (an import alone takes

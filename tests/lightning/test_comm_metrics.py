@@ -46,6 +46,7 @@ def fits(tmp_path_factory):
     return {3: fit(root, 3, 1, SLEEP_S)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [3])
 def test_bytes_per_step_is_the_rings_share_of_the_gradient(fits, world):
     from comm_metrics_script import EVERY, GRAD_COUNT, STEPS
@@ -74,6 +75,7 @@ def test_bytes_per_step_is_the_rings_share_of_the_gradient(fits, world):
     assert "mccl: communication" in fits[world][0]["stdout"] and "goodput" in fits[world][0]["stdout"]
 
 
+@pytest.mark.slow
 def test_a_rank_made_slow_is_named_and_sets_the_pace(fits):
     records = fits[3]
     host = socket.gethostname()

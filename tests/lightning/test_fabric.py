@@ -51,6 +51,7 @@ def records(tmp_path_factory):
     return {(name, rank): torch.load(os.path.join(out, f"{name}.rank{rank}.pt")) for name in RUNS for rank in (0, 1)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", ["mccl", "nodes"])
 def test_fabric_over_mccl_equals_fabric_ddp_over_gloo(records, run):
     ref = records[("ddp", 0)]
