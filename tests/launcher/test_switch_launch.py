@@ -23,6 +23,7 @@ TINY = ["--trainer.limit_train_batches", "2", "--trainer.limit_val_batches", "1"
         "null", "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
 
 
+@pytest.mark.slow  # a Lightning fit on 3 ranks: 12-22 s on 2 cores
 @pytest.mark.skipif(PROBLEM is not None, reason=f"switch emulator unavailable: {PROBLEM}")
 def test_the_readme_recipe_runs_on_a_3_host_switch_with_no_extra_settings(tmp_path):
     with SwitchFleet(3, "1gbit", tag=random_tag()) as fleet:
