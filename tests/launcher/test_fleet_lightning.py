@@ -6,7 +6,6 @@ starts the same rank shim inside each host's network namespace instead of over s
 ranks there.)"""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_runner import MCCL, env_with_fake_ssh, require_script, run_mccl, wait_for_files
+from cli_runner import MCCL, env_with_fake_ssh, killed_on_error, require_script, run_mccl, wait_for_files
 from test_launch import prefixed, write_hostfile
 
 pytestmark = pytest.mark.slow  # make test-quick leaves these out (docs/testing.md)
@@ -48,17 +47,14 @@ def test_a_num_nodes_mismatch_is_a_clear_error_within_seconds(mode, tmp_path):
 
 def test_ctrl_c_stops_a_training_job_with_one_line_per_rank(tmp_path):
     require_script()
-    proc = subprocess.Popen([MCCL, "launch", "--local", "2", "--", "python", PROGRAM, "2", str(tmp_path), "--long"],
+    proc = subprocess.Popen([MCCL, "launch", "--local", "2", "--", "python", PROGRAM, "1", str(tmp_path), "--long",
+                             "--devices", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
+    with killed_on_error(proc):
         wait_for_files([tmp_path / "training-0", tmp_path / "training-1"], timeout=120)
         time.sleep(1.0)  # both ranks in the middle of their allreduces
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
     assert proc.returncode == 130, out + err
     lines = prefixed(out)
     for label in ("local r0", "local r1"):
