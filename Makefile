@@ -46,7 +46,7 @@ LIGHTNING_OLDEST_SKIP ?= $(foreach name,CommMetrics MacFleetEnvironment,\
 # The build tools alone (.tools: the engine and the cross builds need nothing more), then torch and the rest.
 $(VENV)/.tools: Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q ninja cmake "setuptools>=64" wheel ziglang
+	$(PY) -m pip install -q ninja cmake "setuptools>=77" wheel ziglang
 	touch $@
 
 $(VENV)/.deps: $(VENV)/.tools pyproject.toml

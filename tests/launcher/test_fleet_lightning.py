@@ -45,6 +45,18 @@ def test_a_num_nodes_mismatch_is_a_clear_error_within_seconds(mode, tmp_path):
     assert ready and done - min(ready) < ERROR_WITHIN_S, (done - min(ready), r.stdout)
 
 
+def test_devices_other_than_the_ranks_launched_on_a_node_is_a_clear_error(tmp_path):
+    """`--local 2` is one node of 2 ranks (as torchrun --nproc-per-node 2): Trainer(devices=1, num_nodes=2) has the
+    right product, which is all Lightning compares, but would make each rank its node's first. The strategy names
+    the launcher's LOCAL_WORLD_SIZE instead of failing later on a device index."""
+    r = run_mccl("launch", "--local", "2", "--master-port", "29563", "--", "python", PROGRAM, "2", tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    error = ("ValueError: You set `devices=1` and `num_nodes=2` in Lightning, but the launcher started 2 processes on "
+             "this node (LOCAL_WORLD_SIZE=2): set devices=2")
+    assert any(error in line for lines in prefixed(r.stdout).values() for line in lines), r.stdout
+    assert "IndexError" not in r.stdout + r.stderr, r.stdout + r.stderr
+
+
 def test_ctrl_c_stops_a_training_job_with_one_line_per_rank(tmp_path):
     require_script()
     proc = subprocess.Popen([MCCL, "launch", "--local", "2", "--", "python", PROGRAM, "1", str(tmp_path), "--long",

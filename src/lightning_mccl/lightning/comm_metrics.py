@@ -44,6 +44,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.data import extract_batch_size
 
 from .._stats import mccl_backend, totals
+from ..rendezvous import launcher_hosts
 from .straggler import (DEFAULT_PATIENCE, DEFAULT_THRESHOLD, SUMMARY_MARKER_ENV, RankWindow, StragglerReport,
                         summary_text)
 
@@ -166,7 +167,10 @@ class CommMetrics(Callback):
         everyone = torch.empty(dist.get_world_size() * HOST_BYTES, dtype=torch.uint8)
         _all_gather(everyone, mine)
         rows = everyone.view(-1, HOST_BYTES).tolist()
-        return [bytes(b for b in row if b).decode(errors="replace") for row in rows]
+        # The launcher's names (h0, h1, ... under --switch, the hostfile's under --hostfile) where it set them:
+        # the summary then says what the launcher says. The gather above runs either way (a collective).
+        launched = launcher_hosts(dist.get_world_size())
+        return launched or [bytes(b for b in row if b).decode(errors="replace") for row in rows]
 
     # -- the end-of-fit summary --------------------------------------------------------------------------
 

@@ -32,7 +32,8 @@ from typing_extensions import override
 from lightning.fabric.strategies import STRATEGY_REGISTRY, DDPStrategy, Strategy
 
 from . import mps_gate, names
-from .group import BACKEND, DEFAULT_TIMEOUT, bucket_cap_mb, fleet_environment, group_timeout, init_default_group
+from .group import (BACKEND, DEFAULT_TIMEOUT, bucket_cap_mb, check_devices_per_node, fleet_environment, group_timeout,
+                    init_default_group)
 from .internals import checked_override
 
 FABRIC_DDP = "lightning.fabric.strategies.ddp"  # where the DDPStrategy privates overridden here live
@@ -53,6 +54,7 @@ class MCCLFabricStrategy(DDPStrategy):
     @checked_override(FABRIC_DDP, "DDPStrategy._set_world_ranks")
     def _set_world_ranks(self) -> None:
         self.cluster_environment = fleet_environment(self.cluster_environment)  # $MCCL_HOSTFILE's fleet
+        check_devices_per_node(self.num_processes, self.num_nodes)
         super()._set_world_ranks()
 
     @override

@@ -22,6 +22,7 @@ alone:
 from __future__ import annotations
 
 import atexit
+import os
 import signal
 import threading
 from datetime import timedelta
@@ -67,6 +68,21 @@ def bucket_cap_mb(given: Optional[float], backend: Optional[str], compress: Opti
     if given is not None or backend != BACKEND:
         return given
     return POWERSGD_BUCKET_CAP_MB if compress == "powersgd" else BUCKET_CAP_MB
+
+
+def check_devices_per_node(devices: int, num_nodes: int) -> None:
+    """ValueError when the launcher (`mccl launch`, torchrun: LOCAL_WORLD_SIZE) started another number of processes
+    on this node than `devices`: Lightning compares only devices x num_nodes with the world size, and a rank would
+    then index a device list that is too short (or two ranks would each believe they are their node's first)."""
+    local, world = os.environ.get("LOCAL_WORLD_SIZE", ""), os.environ.get("WORLD_SIZE", "")
+    if not local.isdigit() or "LOCAL_RANK" not in os.environ or int(local) == devices:
+        return
+    if world.isdigit() and devices * num_nodes != int(world):
+        return  # Lightning's own check names the product next
+    raise ValueError(f"You set `devices={devices}` and `num_nodes={num_nodes}` in Lightning, but the launcher started "
+                     f"{local} processes on this node (LOCAL_WORLD_SIZE={local}): set devices={local} (`mccl launch "
+                     f"--local N` runs N ranks on one node: devices=N, num_nodes=1; `--local N --nproc-per-node P`: "
+                     f"num_nodes=N, devices=P)")
 
 
 def fleet_environment(env: Optional[ClusterEnvironment]) -> Optional[ClusterEnvironment]:

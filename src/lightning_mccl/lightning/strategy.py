@@ -46,8 +46,8 @@ from ..options import Options
 from . import comm_metrics, mps_gate, names, outer_sync
 from . import compress as _compress
 from .comm_metrics import CommMetrics, comm_metrics_option
-from .group import BACKEND, DEFAULT_TIMEOUT, bucket_cap_mb as _bucket_cap_mb, fleet_environment, group_timeout, \
-    init_default_group
+from .group import BACKEND, DEFAULT_TIMEOUT, bucket_cap_mb as _bucket_cap_mb, check_devices_per_node, fleet_environment, \
+    group_timeout, init_default_group
 from .internals import checked_override
 
 log = logging.getLogger(__name__)
@@ -183,6 +183,7 @@ class MCCLStrategy(DDPStrategy):
     @override
     def set_world_ranks(self) -> None:
         self.cluster_environment = fleet_environment(self.cluster_environment)  # $MCCL_HOSTFILE's fleet
+        check_devices_per_node(self.num_processes, self.num_nodes)
         super().set_world_ranks()
 
     @override
