@@ -18,7 +18,7 @@ bool is_wire_type(uint8_t value) {
   return false;
 }
 
-const char* wire_type_name(WireType type) {
+const char* wire_format_name(WireType type) {
   switch (type) {
     case WireType::kExact: return "uncompressed";
     case WireType::kFloat16: return "float16";
@@ -189,7 +189,7 @@ std::unique_ptr<Codec> Codec::make(WireType type, DataType dtype, ReduceOp op, i
                                    float* residual) {
   if (dtype != DataType::kFloat32 || type == WireType::kExact) {
     MCCL_CHECK_ARG(residual == nullptr, "error feedback needs a narrowing wire type and float32 data, got ",
-                   wire_type_name(type), " and ", dtype_name(dtype));
+                   wire_format_name(type), " and ", dtype_name(dtype));
     return std::make_unique<Exact>(dtype, op, world, threads);
   }
   switch (type) {

@@ -21,7 +21,7 @@ enum class WireType : uint8_t {
   kInt8Blocks = 16, // float32 data as blocks of 256 int8 codes, each after its float32 scale (int8_blocks.h)
 };
 bool is_wire_type(uint8_t value);
-const char* wire_type_name(WireType type);  // "uncompressed", "bfloat16", "float16", "int8 blocks"
+const char* wire_format_name(WireType type);  // for messages: "uncompressed", "bfloat16", "float16", "int8 blocks"
 // The wire type MCCL_WIRE_DTYPE (Config::wire_dtype: kFloat32 for off) gives float32 reductions.
 WireType wire_type_of_setting(DataType wire_dtype);
 // Payload bytes of `count` elements of `dtype` sent whole in `type`, for the traffic records (timeline.h).

@@ -99,7 +99,7 @@ std::string check_frame_header(const FrameHeader& h, uint64_t comm_id, int sende
 std::string compare_headers(const FrameHeader& expected, const FrameHeader& got, int my_rank) {
   std::ostringstream out;
   if (expected.wire_dtype != got.wire_dtype && expected.dtype == got.dtype) {
-    auto wire = [](uint8_t w) { return std::string(wire_type_name(static_cast<WireType>(w))); };
+    auto wire = [](uint8_t w) { return std::string(wire_format_name(static_cast<WireType>(w))); };
     const auto int8 = static_cast<uint8_t>(WireType::kInt8Blocks);
     out << "rank " << got.src_rank << " sends " << describe(got) << " as " << wire(got.wire_dtype) << ", but rank "
         << my_rank << " expects " << wire(expected.wire_dtype) << " payloads: "

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import csv
 
+import pytest
+
 from bench_runner import explain, run_script
+
+pytestmark = pytest.mark.slow  # make test-quick leaves these out (docs/testing.md)
 
 SIZES = [4096, 16384, 65536]
 

@@ -126,7 +126,7 @@ void codec_cost(size_t count) {
     const double decode = time([&] { codec->decode(acc.data(), wire.data(), count); });
     const double fold = time([&] { codec->reduce(acc.data(), wire.data(), count, 0, Fold{onward.data(), nullptr, false}); });
     std::printf("codec %-12s encode %.2f ns/value, decode %.2f, decode+add+encode %.2f (one thread, %zu values)\n",
-                wire_type_name(type), encode, decode, fold, count);
+                wire_format_name(type), encode, decode, fold, count);
   }
 }
 

@@ -4,7 +4,7 @@
 // bandwidth-optimal one (the ring: few bytes, n-1 steps). `auto` runs the latency-optimal one up to
 // a size threshold, the ring above it. Each threshold has its own variable (0, the default: the
 // table's entry for this world size) and each collective its own forcing variable, so every choice
-// can be measured (benchmarks/gpu_host/algos.sh) and pinned:
+// can be measured (`bash benchmarks/gpu_host/run.sh algos`, docs/settings.md) and pinned:
 //
 //   collective      forcing variable (values)                   threshold variable
 //   allreduce       MCCL_ALGO (auto, ring, rd)                  MCCL_RD_MAX_BYTES

@@ -5,9 +5,8 @@
                               float32; every rank ends with the same bits; no Python hook. On an accelerator
                               (MPS, CUDA), and over another backend (Gloo as a reference): torch's compress
                               hook, which casts the bucket on the device, so that the staging copies through
-                              host memory move half the bytes too. On the fleet stand-in (8 ranks, ViT-B/16,
-                              CUDA, docs/performance.md) the hook's step was 398 ms against the engine's 535 ms
-                              at batch 8, and 839 against 855 ms at batch 32.
+                              host memory move half the bytes too: the faster of the two there
+                              (docs/performance.md, "MCCLStrategy(compress=...)").
     "bf16_hook", "fp16_hook"  torch's `bf16_compress_hook` / `fp16_compress_hook` (the bucket cast in Python,
                               all-reduced as a 16-bit tensor); with a ddp_comm_hook, its `*_compress_wrapper`.
     "powersgd"                torch's `powerSGD_hook` with a `PowerSGDState` built from `compress_options`
@@ -166,6 +165,8 @@ def wire_settings(wire: Optional[str], existing: Optional[str]) -> Dict[str, str
 
 
 def _normal(value: str) -> str:
-    v = value.strip().lower()
-    return {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "none": "off", "float32": "off", "fp32": "off",
-            "": "off"}.get(v, v)
+    """An MCCL_WIRE_DTYPE value as the engine reads it, by its usual name ("off", "bf16", ...); ValueError naming
+    the variable for a value the engine does not take."""
+    from lightning_mccl._C import wire_type
+
+    return wire_type(value)
