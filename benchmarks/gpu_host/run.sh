@@ -18,6 +18,8 @@
 #   before-after    this tree against .devtools/old (prepare.sh OLD_COMMIT) in the same launches, 8 hosts:
 #                   float32 and each of WIRES on the wire (SIZES 1M,4M,16M,64M,256M), then bf16 tensors;
 #                   NEW_WIRES: wire types only this tree has, run on it alone
+#   int8            the 8-bit allreduce (docs/int8.md): the stand-in at BATCH (8) against the bf16 hooks, then
+#                   allreduce_int8 against float32 and bf16 on the wire, and all-to-all and reduce-scatter, 8 hosts
 #   tunables        the ring's settings at DDP's bucket sizes, 8 hosts
 #   profile         every thread's CPU while the stand-in trains (thread_cpu.py)
 #   congestion      allreduce under each TCP congestion control the kernel has (root; restores it)
@@ -97,6 +99,11 @@ for experiment in "$@"; do
       --out "$R/before_after_8hosts" --series $B
     py 150 $A --hosts 8 --sizes ${SIZES:-1M,4M,16M,64M,256M} --dtype bfloat16 --baseline before --timeout $(T 150) \
       --out "$R/before_after_bf16_tensors_8hosts" --series "mccl:PYTHONPATH=$O/src:label=before,mccl:label=after" ;;
+  int8)
+    py 330 $F --hosts 8 --steps ${STEPS:-12} --batch ${BATCH:-8} --timeout $(T 330) --out "$R/int8_fleet8_b${BATCH:-8}" \
+      --series compute,mccl+bf16_hook:bucket=5:label=mccl-bf16,mccl+int8:bucket=5:label=mccl-int8,mccl+int8:bucket=25:label=mccl-int8-25MB,gloo+bf16_hook:label=gloo-bf16
+    py 200 $A --hosts 8 --op allreduce,allreduce_int8,alltoall,reduce_scatter --sizes 4M,16M,64M,256M --baseline mccl \
+      --timeout $(T 200) --out "$R/int8_ops_8hosts" --series $(wires) ;;
   tunables)
     py 200 $A --hosts 8 --sizes 4M,16M,32M,64M --baseline mccl --timeout $(T 200) --out "$R/tunables_8hosts" --series \
 mccl,mccl:MCCL_CHUNK_BYTES=256K:label=chunk256K,mccl:MCCL_CHUNK_BYTES=1M:label=chunk1M,mccl:MCCL_CHUNK_BYTES=2M:label=chunk2M,\

@@ -55,6 +55,10 @@ def _wrap(s: DDPSeries, model, group, spec: dict):
         ddp.register_comm_hook(group, default_hooks.bf16_compress_hook)
     elif s.hook == "fp16_hook":
         ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
+    elif s.hook == "int8":
+        from lightning_mccl.int8 import Int8State, int8_hook
+
+        ddp.register_comm_hook(Int8State(group), int8_hook)
     elif s.powersgd:
         state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=spec["powersgd_rank"],
                                             start_powerSGD_iter=2, use_error_feedback=True, warm_start=True,

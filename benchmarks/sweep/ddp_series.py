@@ -5,7 +5,8 @@ engine, an optional DDP comm hook and DDP's own settings.
     mccl  gloo                   DDP on that backend
     mccl-bf16  mccl-fp16         mccl with MCCL_WIRE_DTYPE=bf16 / fp16 (the engine narrows float32 on the wire)
     mccl+bf16_hook               DDP comm hook: bf16_hook, fp16_hook (torch's compress hooks), powersgd,
-                                 powersgd_batched (PowerSGDState(batch_tensors_with_same_shape=True))
+                                 powersgd_batched (PowerSGDState(batch_tensors_with_same_shape=True)), int8
+                                 (mccl only: the engine's 8-bit allreduce with error feedback, lightning_mccl.int8)
     mccl:bucket=100:view:static  DDP settings: bucket_cap_mb, gradient_as_bucket_view, static_graph
     mccl:MCCL_NSOCKS=2           upper-case KEY=VALUE: an environment variable of the ranks (mccl series)
     mccl+diloco:H=32:delay=1     DiLoCo (lightning_mccl.diloco) instead of DDP: the model unwrapped, an outer
@@ -28,7 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 BACKENDS = ("mccl", "gloo")
 WIRE = {"bf16": "bf16", "fp16": "fp16"}
-HOOKS = ("bf16_hook", "fp16_hook", "powersgd", "powersgd_batched")
+HOOKS = ("bf16_hook", "fp16_hook", "powersgd", "powersgd_batched", "int8")
 DILOCO = "diloco"
 COMPUTE = "compute"
 _ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -60,7 +61,7 @@ class DDPSeries:
 
     @property
     def compressed(self) -> bool:
-        return bool(self.wire) or self.hook in ("bf16_hook", "fp16_hook")
+        return bool(self.wire) or self.hook in ("bf16_hook", "fp16_hook", "int8")
 
     @property
     def env(self) -> Dict[str, str]:
@@ -125,6 +126,8 @@ def parse(text: str) -> List[DDPSeries]:
             raise ValueError(f"series {item!r}: wire compression is mccl-bf16 or mccl-fp16")
         if hook and hook not in HOOKS + (DILOCO,):
             raise ValueError(f"series {item!r}: unknown hook {hook!r} (use {', '.join(HOOKS)}, or {DILOCO})")
+        if hook == "int8" and backend != "mccl":
+            raise ValueError(f"series {item!r}: the int8 hook is mccl's 8-bit allreduce (use mccl+int8)")
         if hook == DILOCO:
             from lightning_mccl.diloco import check_settings
 

@@ -131,6 +131,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "wire_dtype",
           [](const lightning_mccl::ProcessGroupMCCL& pg) { return mccl::wire_type_name(pg.config().wire_dtype); },
           "the MCCL_WIRE_DTYPE this group read when it was made, by its usual name (\"off\", \"bf16\", ...)")
+      .def(
+          "allreduce_int8",
+          [](lightning_mccl::ProcessGroupMCCL& pg, at::Tensor& tensor, const std::optional<at::Tensor>& residual,
+             const c10d::ReduceOp& op) { return pg.allreduce_int8(tensor, residual.value_or(at::Tensor()), op); },
+          pybind11::arg("tensor"), pybind11::arg("residual"), pybind11::arg("op"),
+          pybind11::call_guard<pybind11::gil_scoped_release>(),
+          "the 8-bit allreduce with error feedback (lightning_mccl.int8): a Work whose future holds [tensor]")
       .def("stats", &stats_dict, "this group's traffic counters (engine stats.h), as a dict")
       .def("timeline", &timeline_list,
            "this group's latest collectives with their issue, start, ready and done times (engine timeline.h), "

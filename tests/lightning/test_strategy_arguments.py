@@ -102,8 +102,8 @@ def test_arguments_compress_timeout_ddp_kwargs_and_hint():
     assert (state.matrix_approximation_rank, state.start_powerSGD_iter, state.use_error_feedback,
             state.warm_start) == (4, 10, True, True)
     assert MCCLStrategy()._ddp_comm_hook is None
-    with pytest.raises(ValueError, match=r"compress='int8'\): expected one of \('bf16', 'fp16', 'bf16_hook'"):
-        MCCLStrategy(compress="int8")
+    with pytest.raises(ValueError, match=r"compress='int4'\): expected one of \('bf16', 'fp16', 'bf16_hook'"):
+        MCCLStrategy(compress="int4")
     with pytest.raises(ValueError, match="give either compress or ddp_comm_wrapper"):
         MCCLStrategy(compress="bf16_hook", ddp_comm_hook=powerSGD_hook.powerSGD_hook,
                      ddp_comm_wrapper=default_hooks.fp16_compress_wrapper)
@@ -136,6 +136,24 @@ def test_arguments_compress_timeout_ddp_kwargs_and_hint():
     assert MCCLFabricStrategy()._ddp_kwargs["bucket_cap_mb"] == 5.0
     assert MCCLFabricStrategy(bucket_cap_mb=25)._ddp_kwargs["bucket_cap_mb"] == 25
     assert "bucket_cap_mb" not in MCCLFabricStrategy(process_group_backend="gloo")._ddp_kwargs
+
+
+@pytest.mark.filterwarnings("ignore:Complex modules")
+def test_int8_brings_its_hook_and_refuses_what_it_cannot_take():
+    """compress="int8": the engine's 8-bit hook and its state; mccl only, no other hook, floating gradients only."""
+    from lightning_mccl import int8
+    from lightning_mccl.lightning import MCCLStrategy
+
+    s = MCCLStrategy(compress="int8")
+    assert s._ddp_comm_hook is int8.int8_hook and isinstance(s._ddp_comm_state, int8.Int8State)
+    assert (s._ddp_comm_wrapper, s._compress_plan.wire, s._ddp_kwargs["bucket_cap_mb"]) == (None, None, 5.0)
+    s._compress_plan.check(torch.nn.Linear(2, 2).to(torch.bfloat16))  # floating: fine
+    with pytest.raises(ValueError, match=r"compress='int8'\): parameter 'weight' is torch.complex64"):
+        s._compress_plan.check(torch.nn.Linear(2, 2).to(torch.complex64))
+    with pytest.raises(ValueError, match="compress='int8'\\) needs process_group_backend='mccl'"):
+        MCCLStrategy(compress="int8", process_group_backend="gloo")
+    with pytest.raises(ValueError, match="brings its own hook and state"):
+        MCCLStrategy(compress="int8", ddp_comm_hook=default_hooks.bf16_compress_hook)
 
 
 @pytest.mark.parametrize("name", ["MCCLStrategy", "MCCLFabricStrategy"])

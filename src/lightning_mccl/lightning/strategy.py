@@ -64,7 +64,7 @@ class MCCLStrategy(DDPStrategy):
         compress: how gradients travel (compress.py): "bf16"/"fp16" the engine's wire compression
             (MCCL_WIRE_DTYPE, no Python hook; torch's compress hook over another backend), "bf16_hook"/
             "fp16_hook" torch's compress hooks (with `ddp_comm_hook`, its `*_compress_wrapper`), "powersgd"
-            torch's PowerSGD hook with its state.
+            torch's PowerSGD hook with its state, "int8" the engine's 8-bit allreduce with error feedback.
         compress_options: for "powersgd", PowerSGDState arguments (default: matrix_approximation_rank 1,
             start_powerSGD_iter 10, use_error_feedback, warm_start and batch_tensors_with_same_shape True).
         find_unused_parameters, static_graph, gradient_as_bucket_view, bucket_cap_mb: passed to
@@ -101,7 +101,7 @@ class MCCLStrategy(DDPStrategy):
         process_group_backend: Optional[str] = BACKEND,
         timeout: Optional[Union[timedelta, float]] = DEFAULT_TIMEOUT,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
-        compress: Optional[Literal["bf16", "fp16", "bf16_hook", "fp16_hook", "powersgd"]] = None,
+        compress: Optional[Literal["bf16", "fp16", "bf16_hook", "fp16_hook", "powersgd", "int8"]] = None,
         compress_options: Optional[dict] = None,
         find_unused_parameters: bool = False,
         static_graph: bool = False,
@@ -285,6 +285,8 @@ class MCCLStrategy(DDPStrategy):
         # DDPStrategy registers hooks only when the root device is CUDA; DDP runs them on any device.
         assert isinstance(self.model, DistributedDataParallel)
         hook = self._ddp_comm_hook
+        if self._compress_plan.check is not None:
+            self._compress_plan.check(self.model.module)
         if hook is None:
             return
         if self._ddp_comm_wrapper is not None:
