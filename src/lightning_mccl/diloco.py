@@ -36,7 +36,9 @@ peer: the engine's DistBackendError on every rank) raises before anything is app
 ranks and returns something whose `wait()` leaves the mean in it. `AllreduceMean` is one allreduce on a group;
 its wire type is the group's (`outer_group(settings)`: a dedicated mccl group, so that its allreduce neither
 queues behind nor holds up other collectives, with `MCCL_WIRE_DTYPE=bf16` the engine narrows on the wire and
-accumulates in float32).
+accumulates in float32). `Int8Mean` is the engine's 8-bit allreduce (`lightning_mccl.int8`) with error
+feedback: the residual of each round's quantisation is added to the next round's pseudo-gradient, and is part
+of this rank's state (`LOCAL_KEYS`). An averaging with `state_dict`/`load_state_dict` has them checkpointed.
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ from typing import Any, Dict, List, Mapping, Optional, Protocol
 import torch
 import torch.distributed as dist
 
-LOCAL_KEYS = ("own",)  # state_dict entries that differ between ranks
+LOCAL_KEYS = ("own", "averaging")  # state_dict entries that differ between ranks
 
 
 class InFlight(Protocol):
@@ -76,6 +78,28 @@ class _Sum:
     def wait(self) -> None:
         self.work.wait()
         self.flat.div_(self.size)
+
+
+class Int8Mean:
+    """The mean over `group`'s ranks by the engine's 8-bit allreduce (lightning_mccl.int8), with error feedback: a
+    residual kept on the CPU for the vector it is given, carried from one round to the next (and in checkpoints)."""
+
+    def __init__(self, group: Optional[Any] = None) -> None:
+        from .int8 import ErrorFeedback
+
+        self.group = group
+        self.feedback = ErrorFeedback()
+
+    def start(self, flat: torch.Tensor) -> InFlight:
+        from .int8 import all_reduce
+
+        return all_reduce(flat, self.feedback.residual("diloco", flat), "avg", self.group)
+
+    def state_dict(self) -> Dict[Any, torch.Tensor]:
+        return self.feedback.state_dict()
+
+    def load_state_dict(self, state: Mapping[Any, torch.Tensor]) -> None:
+        self.feedback.load_state_dict(dict(state))
 
 
 def outer_group(settings: Optional[Mapping[str, str]] = None, backend: str = "mccl") -> Any:
@@ -214,7 +238,8 @@ class DiLoCo:
                 "anchor": self.anchor.clone(), "momentum": self.momentum.clone(),
                 "mean": self.comm[:n].clone() if pending else None,
                 "buffers_mean": self.comm[n:].clone() if pending else None,
-                "own": self.own.clone() if pending else None}
+                "own": self.own.clone() if pending else None,
+                "averaging": self.averaging.state_dict() if hasattr(self.averaging, "state_dict") else None}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores `state_dict()` into a DiLoCo made with the same settings, on the model whose (this rank's)
@@ -230,6 +255,8 @@ class DiLoCo:
         if state["pending"] is not None and state.get("own") is None:
             raise ValueError(f"{self.owner}: the checkpoint has a sync in flight but not this rank's pseudo-gradient")
         self.inner_steps, self.round_start, self.rounds = state["inner_steps"], state["round_start"], state["rounds"]
+        if state.get("averaging") is not None and hasattr(self.averaging, "load_state_dict"):
+            self.averaging.load_state_dict(state["averaging"])
         self.anchor.copy_(state["anchor"])
         self.momentum.copy_(state["momentum"])
         self._pending, self._in_flight = state["pending"], None

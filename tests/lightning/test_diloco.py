@@ -6,7 +6,8 @@ round's end; the outer step as torch's SGD with nesterov=True computes it):
   the outer momentum and learning rate of each; identical bits on every rank; buffers replaced by their mean;
   every rank holding the anchor after finish();
 - one allreduce per round on the outer group, nothing on the default group while training, and half the
-  bytes with MCCL_WIRE_DTYPE=bf16 in the outer group's settings;
+  bytes with MCCL_WIRE_DTYPE=bf16 in the outer group's settings; with the 8-bit allreduce (Int8Mean) about a
+  quarter, within its bound of the float32 run, its residual carried from round to round and in state_dict();
 - a DiLoCo rebuilt from state_dict() taken mid-round, with a sync in flight, ends bit-identical to the
   uninterrupted run;
 - a rank that dies during an outer sync: DistBackendError naming the round on every other rank, anchor and
@@ -38,6 +39,7 @@ CONFIGS = {
     "round_late": (4, 4, 1.0, 0.5, "off", 14, 9),  # a whole round late; taken mid-round, sync in flight
     "bf16": (2, 2, 0.7, 0.9, "bf16", 8, None),
     "fp32_twin": (2, 2, 0.7, 0.9, "off", 8, None),
+    "int8": (2, 2, 0.7, 0.9, "int8", 8, 5),  # the same updates as fp32_twin; taken with round 3's sync in flight
 }
 
 
@@ -81,14 +83,15 @@ def schedule_worker(rank, world):
     import torch.distributed as dist
 
     import lightning_mccl
-    from lightning_mccl.diloco import AllreduceMean, DiLoCo, outer_group
+    from lightning_mccl.diloco import AllreduceMean, DiLoCo, Int8Mean, outer_group
 
     out = {}
     for name, (every, delay, lr, mu, wire, steps, taken) in CONFIGS.items():
-        group = outer_group({"MCCL_WIRE_DTYPE": wire})
+        group = outer_group({} if wire == "int8" else {"MCCL_WIRE_DTYPE": wire})
+        averaging = (lambda: Int8Mean(group)) if wire == "int8" else (lambda: AllreduceMean(group))
         model = Toy(seed=rank)  # different on every rank until the broadcast
         default_before = lightning_mccl.stats()["kinds"].get("allreduce", {}).get("calls", 0)
-        outer = DiLoCo(model, every, outer_lr=lr, outer_momentum=mu, sync_delay=delay, averaging=AllreduceMean(group))
+        outer = DiLoCo(model, every, outer_lr=lr, outer_momentum=mu, sync_delay=delay, averaging=averaging())
         outer.broadcast()
         start = {k: v.clone() for k, v in model.state_dict().items()}
         anchors = train(model, outer, name, 1, taken or steps, rank)
@@ -103,8 +106,7 @@ def schedule_worker(rank, world):
         if taken:
             twin = Toy(seed=100 + rank)
             twin.load_state_dict(weights)
-            again = DiLoCo(twin, every, outer_lr=lr, outer_momentum=mu, sync_delay=delay,
-                           averaging=AllreduceMean(group))
+            again = DiLoCo(twin, every, outer_lr=lr, outer_momentum=mu, sync_delay=delay, averaging=averaging())
             again.load_state_dict(state)
             train(twin, again, name, taken + 1, steps, rank)
             again.finish()
@@ -112,7 +114,8 @@ def schedule_worker(rank, world):
         out[name] = {"start": start, "anchors": torch.stack(anchors), "final": model.state_dict(),
                      "final_anchor": outer.anchor.clone(), "resumed": resumed, "rounds": outer.rounds,
                      "allreduces": counters["allreduce"]["calls"], "bytes": counters["allreduce"]["bytes_sent"],
-                     "default_allreduces": default_allreduces}
+                     "default_allreduces": default_allreduces,
+                     "residual": state["averaging"] if taken else None}
         dist.destroy_process_group(group)
     return out
 
@@ -206,7 +209,33 @@ def test_bf16_pseudo_gradients_take_half_the_bytes_and_stay_within_bf16_rounding
     assert 0 < diff <= bound, (diff, bound)
 
 
-@pytest.mark.parametrize("name", ["delay1", "round_late"])
+def test_int8_pseudo_gradients_take_a_quarter_of_the_bytes_with_error_feedback_and_stay_within_their_bound(ranks):
+    """The 8-bit allreduce (256 values per float32 scale): about a quarter of float32's bytes (plus the scales), the
+    same anchor on every rank, and each rank's residual (what its quantisation lost) kept for the next round. Error
+    bound per mean value: a contribution and the result each quantised once, at most half a step of max|x|/126,
+    the contributions carrying their residuals (at most as much again): 3 max|delta| / 126 is generous; T rounds
+    of Nesterov steps add at most lr T e / (1 - mu)."""
+    every, _, lr, mu, _, steps, _ = CONFIGS["int8"]
+    int8, fp32 = ranks[0]["int8"], ranks[0]["fp32_twin"]
+    assert int8["allreduces"] == fp32["allreduces"] == steps // every
+    # Rank 0's bytes, exactly: the 14 values (a, b, stat) in segments of 5, 5 and 4, one per owner; rank 0 sends
+    # segments 1 and 2 to their owners and its finished segment 0 to both others, each as 1 byte a value and a
+    # 4-byte scale (one block). Float32's ring sends 4 bytes a value.
+    wire = lambda values: values + 4  # noqa: E731
+    assert int8["bytes"] == (steps // every) * (wire(5) + wire(4) + 2 * wire(5)), (int8["bytes"], fp32["bytes"])
+    for r in range(WORLD):
+        assert np.array_equal(ranks[r]["int8"]["anchors"], int8["anchors"])
+        residuals = ranks[r]["int8"]["residual"]
+        assert residuals and all(np.abs(v).max() > 0 for v in residuals.values()), residuals
+    deltas = [sum(torch.cat([u[0], u[1].reshape(-1)]) for u in (inner_update("int8", s, r)
+                                                              for s in range(k * every + 1, (k + 1) * every + 1)))
+              for k in range(steps // every) for r in range(WORLD)]
+    bound = lr * (steps // every) * 3 * max(float(d.abs().max()) for d in deltas) / 126 / (1 - mu)
+    diff = np.abs(int8["anchors"] - fp32["anchors"]).max()
+    assert 0 < diff <= bound, (diff, bound)
+
+
+@pytest.mark.parametrize("name", ["delay1", "round_late", "int8"])
 def test_resuming_from_a_state_dict_taken_mid_round_equals_the_uninterrupted_run(ranks, name):
     for r in range(WORLD):
         got = ranks[r][name]

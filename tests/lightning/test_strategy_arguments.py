@@ -361,8 +361,8 @@ def test_diloco_arguments():
                                                              "DiLoCo has no DDP comm hooks"),
     (dict(sync="diloco", sync_every=4, compress="bf16_hook"), "MCCLStrategy(sync='diloco', compress='bf16_hook'): "
                                                               "DiLoCo has no DDP comm hooks"),
-    (dict(sync="diloco", sync_every=4, compress="int8"), "MCCLStrategy(sync='diloco', compress='int8'): the 8-bit "
-                                                         "allreduce is not in this build"),
+    (dict(sync="diloco", sync_every=4, compress="int8", process_group_backend="gloo"),
+     "MCCLStrategy(sync='diloco', compress='int8') needs process_group_backend='mccl'"),
     (dict(sync="diloco", sync_every=4, ddp_comm_hook=default_hooks.allreduce_hook),
      "MCCLStrategy(sync='diloco', ddp_comm_hook=<function allreduce_hook"),
     (dict(sync="diloco", sync_every=4, bucket_cap_mb=25, static_graph=True),

@@ -4,8 +4,9 @@
 
 - **Arguments** (`settings`): `sync_every` counts training batches per round, so with `accumulate_grad_batches=k`
   a round is sync_every / k inner optimizer steps and k must divide it. `compress` is the pseudo-gradients' wire
-  type: "bf16" or "fp16" (the engine narrows them on the wire, accumulating in float32); None: float32 (unless
-  MCCL_WIRE_DTYPE in the environment says otherwise, as for any group). Settings
+  type: "bf16" or "fp16" (the engine narrows them on the wire, accumulating in float32), "int8" (the engine's
+  8-bit allreduce with error feedback, docs/int8.md); None: float32 (unless MCCL_WIRE_DTYPE in the environment
+  says otherwise, as for any group). Settings
   that belong to DDP (comm hooks, PowerSGD, buckets, unused parameters, ...) are errors naming them: the model
   is not wrapped in DDP at all, so no step allreduces a gradient.
 - **The fit** (`OuterSync`): a dedicated group for the outer allreduce (the strategy's options plus the wire
@@ -31,7 +32,8 @@ from .. import diloco
 from . import compress as _compress
 
 SYNC = ("ddp", "diloco")
-WIRE = (None, "bf16", "fp16")  # compress under sync="diloco": the pseudo-gradients' wire type
+WIRE = (None, "bf16", "fp16", "int8")  # compress under sync="diloco": the pseudo-gradients' wire type
+EIGHT_BIT = "int8"  # not a group's wire type: the engine's 8-bit allreduce, called as such (diloco.Int8Mean)
 DEFAULTS = {"outer_lr": 0.7, "outer_momentum": 0.9, "sync_delay": 1}
 SHARED, LOCAL = "diloco", "diloco_local"  # checkpoint keys
 OWNER = "MCCLStrategy"
@@ -63,12 +65,9 @@ def settings(sync: Any, sync_every: Any, outer: Dict[str, Any], compress: Option
         raise ValueError(f"{OWNER}(sync='diloco') needs sync_every=H, the training batches per round")
     diloco.check_settings(sync_every, outer["outer_lr"], outer["outer_momentum"], outer["sync_delay"], OWNER)
     if compress not in WIRE:
-        if compress == "int8":
-            raise ValueError(f"{OWNER}(sync='diloco', compress='int8'): the 8-bit allreduce is not in this build "
-                             f"of lightning-mccl; use compress='bf16'")
         raise ValueError(f"{OWNER}(sync='diloco', compress={compress!r}): DiLoCo has no DDP comm hooks; its "
                          f"pseudo-gradients travel as compress='bf16' or 'fp16' (the engine's wire type, summed in "
-                         f"float32) or float32 (compress=None)")
+                         f"float32), 'int8' (the 8-bit allreduce with error feedback) or float32 (compress=None)")
     if compress is not None and not uses_mccl:
         raise ValueError(f"{OWNER}(sync='diloco', compress={compress!r}) needs process_group_backend='mccl' (the "
                          f"engine narrows the pseudo-gradients on the wire)")
@@ -120,11 +119,13 @@ class OuterSync:
     def __init__(self, config: Settings, module: Any, trainer: Any, layer_sync: Any, backend: str,
                  options: Mapping[str, str], resume: Optional[Mapping[str, Any]]) -> None:
         steps = check_trainer(config, trainer, layer_sync)
-        group_settings = {**options, **_compress.wire_settings(config.wire, None)} if backend == "mccl" else {}
+        eight_bit = config.wire == EIGHT_BIT
+        wire = None if eight_bit else config.wire
+        group_settings = {**options, **_compress.wire_settings(wire, None)} if backend == "mccl" else {}
         self.group = diloco.outer_group(group_settings, backend)
+        averaging = diloco.Int8Mean(self.group) if eight_bit else diloco.AllreduceMean(self.group)
         self.diloco = diloco.DiLoCo(module, steps, outer_lr=config.outer_lr, outer_momentum=config.outer_momentum,
-                                    sync_delay=config.sync_delay, averaging=diloco.AllreduceMean(self.group),
-                                    owner=OWNER)
+                                    sync_delay=config.sync_delay, averaging=averaging, owner=OWNER)
         if resume is not None:
             self.diloco.load_state_dict(resume)
         else:
