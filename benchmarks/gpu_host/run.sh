@@ -18,8 +18,8 @@
 #   before-after    this tree against .devtools/old (prepare.sh OLD_COMMIT) in the same launches, 8 hosts:
 #                   float32 and each of WIRES on the wire (SIZES 1M,4M,16M,64M,256M), then bf16 tensors;
 #                   NEW_WIRES: wire types only this tree has, run on it alone
-#   int8            the 8-bit allreduce (docs/int8.md): the stand-in at BATCH (8) against the bf16 hooks, then
-#                   allreduce_int8 against float32 and bf16 on the wire, and all-to-all and reduce-scatter, 8 hosts
+#   int8            the 8-bit allreduce (docs/int8.md): the stand-in at BATCH (8) against the bf16 hooks
+#   ops8            allreduce_int8 against float32 and bf16 on the wire, all-to-all and reduce-scatter, 8 hosts
 #   tunables        the ring's settings at DDP's bucket sizes, 8 hosts
 #   profile         every thread's CPU while the stand-in trains (thread_cpu.py)
 #   congestion      allreduce under each TCP congestion control the kernel has (root; restores it)
@@ -101,7 +101,8 @@ for experiment in "$@"; do
       --out "$R/before_after_bf16_tensors_8hosts" --series "mccl:PYTHONPATH=$O/src:label=before,mccl:label=after" ;;
   int8)
     py 330 $F --hosts 8 --steps ${STEPS:-12} --batch ${BATCH:-8} --timeout $(T 330) --out "$R/int8_fleet8_b${BATCH:-8}" \
-      --series compute,mccl+bf16_hook:bucket=5:label=mccl-bf16,mccl+int8:bucket=5:label=mccl-int8,mccl+int8:bucket=25:label=mccl-int8-25MB,gloo+bf16_hook:label=gloo-bf16
+      --series compute,mccl+bf16_hook:bucket=5:label=mccl-bf16,mccl+int8:bucket=5:label=mccl-int8,mccl+int8:bucket=25:label=mccl-int8-25MB,gloo+bf16_hook:label=gloo-bf16 ;;
+  ops8)
     py 200 $A --hosts 8 --op allreduce,allreduce_int8,alltoall,reduce_scatter --sizes 4M,16M,64M,256M --baseline mccl \
       --timeout $(T 200) --out "$R/int8_ops_8hosts" --series $(wires) ;;
   tunables)
