@@ -1,7 +1,10 @@
 #include "communicator.h"
 
+#include <optional>
+
 #include "algorithms/algorithms.h"
 #include "bootstrap.h"
+#include "cpus.h"
 #include "error.h"
 #include "log.h"
 #include "netif.h"
@@ -11,7 +14,10 @@
 namespace mccl {
 Communicator::Communicator(Store& store, int rank, int size, std::chrono::milliseconds timeout,
                            const std::string& route_to, const Config& config)
-    : config_(config), rank_(rank), size_(size), timeout_ms_(timeout.count()), timeline_(config_.timeline_entries) {
+    : config_(config), rank_(rank), size_(size), timeout_ms_(timeout.count()), timeline_(config_.timeline_entries),
+      idle_spin_(config_.spin_auto, std::chrono::microseconds(config_.spin_us), SpinPolicy::Site::kProgress),
+      caller_spin_(std::make_shared<SpinPolicy>(config_.spin_auto, std::chrono::microseconds(config_.spin_us),
+                                                SpinPolicy::Site::kHelper)) {
   MCCL_CHECK_ARG(size >= 1 && rank >= 0 && rank < size, "rank ", rank, " is not in a world of size ", size);
   std::string host = choose_listen_host(config_.socket_ifname, route_to);
   Mesh mesh = connect_mesh(store, rank, size, host, Clock::now() + timeout, config_);
@@ -23,15 +29,19 @@ Communicator::Communicator(Store& store, int rank, int size, std::chrono::millis
                                            std::move(mesh.peer_addresses), config_.max_message_bytes, mesh.nsocks);
   transport_->set_stats(&stats_);
   transport_->set_heartbeat(config_.heartbeat_interval, config_.heartbeat_timeout);
-  transport_->set_spin(std::chrono::microseconds(config_.spin_us));
+  transport_->set_spin(config_.spin_auto, std::chrono::microseconds(config_.spin_us));
   const int local_ranks = ranks_on_this_host();
-  const unsigned cpus = std::thread::hardware_concurrency();
-  const size_t send_thread_bytes = config_.send_thread_bytes_for(local_ranks, cpus);
+  const CpuCount cpus = process_cpus();
+  const size_t send_thread_bytes = config_.send_thread_bytes_for(local_ranks, cpus.cpus);
   transport_->set_send_thread(send_thread_bytes);
-  reduce_threads_ = config_.reduce_threads_for(local_ranks, cpus);
+  reduce_threads_ = config_.reduce_threads_for(local_ranks, cpus.cpus);
+  limit_spinning_threads(cpus.cpus / static_cast<unsigned>(local_ranks));
   log(LogLevel::kInfo, "rank ", rank, ": sender thread ",
       send_thread_bytes ? "for frames of " + std::to_string(send_thread_bytes) + " bytes or more" : std::string("off"),
-      ", ", reduce_threads_, " reduce thread(s) (", local_ranks, " ranks and ", cpus, " CPUs on this host)");
+      ", ", reduce_threads_, " reduce thread(s), ",
+      config_.spin_auto ? "adaptive spin on " + std::to_string(spinning_threads_limit()) + " thread(s) at most"
+                        : "spin " + std::to_string(config_.spin_us) + " us",
+      " (", local_ranks, " ranks on this host; this process may use ", cpus.describe(), ")");
   transport_->set_on_wakeup([this] { drain_commands(); });
   order_ = std::make_shared<IssueOrder>([this] {
     transport_->wake();
@@ -100,6 +110,7 @@ WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, 
                               std::function<void(Collective&)> body, Callback done, StartAfter start_after) {
   auto work = std::make_shared<Work>(std::move(done));
   work->count_waits_in(&stats_.of(static_cast<uint8_t>(kind)).wait_ns);
+  work->spin_with(caller_spin_);
   bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -238,6 +249,7 @@ void Communicator::drain_commands() {
 }
 
 void Communicator::run() {
+  std::optional<SpinPolicy::Wait> idle;  // from the end of a collective to the start of the next
   while (true) {
     IssueOrder::Next next;
     {
@@ -250,13 +262,14 @@ void Communicator::run() {
       if (!next.run && stopping_ && order_->queued() == 0) break;
       // Decided under the lock that enqueue() takes: an op queued while this says "spinning" is seen at
       // the next round without a wake, one queued after it stops spinning gets the wake.
-      spinning_ = !next.run && config_.spin_us > 0 && Clock::now() < spin_until_;
+      spinning_ = !next.run && idle && idle->spinning();
     }
     if (next.run) {
+      idle.reset();
       ++next_seq_;
       run_op(next.op);
       order_->finished();
-      spin_until_ = Clock::now() + std::chrono::microseconds(config_.spin_us);
+      idle.emplace(&idle_spin_);
       continue;
     }
     if (transport_->fatal_error()) {
@@ -266,7 +279,7 @@ void Communicator::run() {
     try {
       if (spinning_) {
         transport_->progress(0);
-        std::this_thread::yield();
+        idle->pause();
         continue;
       }
       transport_->progress(poll_timeout_ms(next));

@@ -29,6 +29,7 @@
 #include "config.h"
 #include "dtype.h"
 #include "issue_order.h"
+#include "spin.h"
 #include "stats.h"
 #include "store.h"
 #include "timeline.h"
@@ -135,6 +136,8 @@ class Communicator {
   std::string listen_address_;
   CommStats stats_;  // before transport_, which counts into it
   Timeline timeline_;  // MCCL_TIMELINE_ENTRIES of config_
+  SpinPolicy idle_spin_;                     // MCCL_SPIN_US: the progress thread between collectives
+  std::shared_ptr<SpinPolicy> caller_spin_;  // MCCL_SPIN_US: callers in Work::wait (shared with their Work)
   std::unique_ptr<Transport> transport_;
   size_t reduce_threads_ = 1;  // MCCL_REDUCE_THREADS as resolved for this host
   std::vector<char> scratch_[2];
@@ -150,7 +153,6 @@ class Communicator {
   std::deque<std::function<void()>> commands_;       // p2p posts, run from the progress loop
   bool stopping_ = false;
   bool spinning_ = false;                            // the progress thread polls without sleeping: no wake needed
-  Deadline spin_until_{};                            // progress thread only
   bool abort_requested_ = false;
   std::exception_ptr error_;                         // mirror of the transport's fatal error, for callers
   uint64_t issued_ = 0;                              // collectives issued

@@ -34,6 +34,7 @@ WorkPtr Communicator::post_p2p(bool is_send, void* buf, size_t count, DataType d
   auto work = std::make_shared<Work>(std::move(done));
   CommStats::Counters& counters = stats_.of(h.kind);
   work->count_waits_in(&counters.wait_ns);
+  work->spin_with(caller_spin_);
   auto command = [this, is_send, buf, bytes, peer, h, work, &counters] {
     CommStats::add(counters.calls, 1);
     auto on_done = [work, &counters, posted = Clock::now()](const Request& r, std::exception_ptr error) {

@@ -209,8 +209,11 @@ constexpr Variable kVariables[] = {
      [](const Value& v, Config& c) { c.max_message_bytes = v.bytes(1024); }},
     {"MCCL_WIRE_DTYPE", "off", Scope::kGroup, "the type float32 payloads of reductions travel in: off, bf16, fp16",
      [](const Value& v, Config& c) { c.wire_dtype = parse_wire_type(v.text()); }},
-    {"MCCL_SPIN_US", "50", Scope::kGroup, "microseconds a waiting thread polls before it sleeps",
-     [](const Value& v, Config& c) { c.spin_us = static_cast<uint32_t>(v.count(0, 10'000'000)); }},
+    {"MCCL_SPIN_US", "auto", Scope::kGroup, "microseconds a waiting thread polls before it sleeps; auto: adapts",
+     [](const Value& v, Config& c) {
+       c.spin_auto = v.is("auto");
+       c.spin_us = c.spin_auto ? 0 : static_cast<uint32_t>(v.count(0, 10'000'000));
+     }},
     {"MCCL_TIMELINE_ENTRIES", "2048", Scope::kGroup, "how many of the latest collectives each group's timeline keeps",
      [](const Value& v, Config& c) { c.timeline_entries = static_cast<size_t>(v.count(0, 1'000'000)); }},
     {"MCCL_DEBUG", "WARN", Scope::kProcess, "ERROR, WARN, INFO, TRACE or 0-3; read by the logger (log.h)",

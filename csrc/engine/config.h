@@ -81,9 +81,12 @@ struct Config {
   // collectives and point-to-point send/recv are never compressed.
   DataType wire_dtype;
   // MCCL_SPIN_US: how long a waiting thread keeps polling (yielding the CPU between polls) before it
-  // sleeps: the progress thread waiting for a peer's frame or for the next collective, and a caller
-  // waiting on a collective. Saves thread wake-ups on every small collective; 0: always sleep.
+  // sleeps: the progress thread waiting for a peer's frame or for the next collective, a caller waiting on
+  // a collective, a sender thread waiting for frames. Saves thread wake-ups on every small collective.
+  // Unset (or "auto", spin_auto): each waiting site adapts its own spin (spin.h); a number fixes it; 0:
+  // always sleep.
   uint32_t spin_us;
+  bool spin_auto;
   // MCCL_TIMELINE_ENTRIES: how many of the latest collectives the communicator's timeline (timeline.h)
   // keeps, with their issue, start, ready and completion times; 0 records none.
   size_t timeline_entries;

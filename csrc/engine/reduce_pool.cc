@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "config.h"
+#include "cpus.h"
 #include "thread_name.h"
 
 namespace mccl {
@@ -47,7 +48,7 @@ void run_part(const Task& t, size_t part) {
 class Pool {
  public:
   static Pool* instance() {
-    static Pool* pool = new Pool(std::min<size_t>(kMaxReduceThreads, std::thread::hardware_concurrency()));
+    static Pool* pool = new Pool(std::min<size_t>(kMaxReduceThreads, process_cpus().cpus));
     return pool;
   }
 

@@ -2,8 +2,6 @@
 
 #include "issue_order.h"
 
-#include <thread>
-
 namespace mccl {
 
 namespace {
@@ -29,13 +27,11 @@ bool Work::completed() const {
   return done_;
 }
 
-void Work::wait(uint32_t spin_us) {
-  WaitTimer timer(done_.load(std::memory_order_acquire) ? nullptr : wait_ns_);
-  if (spin_us > 0) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us);
-    while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < until)
-      std::this_thread::yield();
-  }
+void Work::wait() {
+  const bool pending = !done_.load(std::memory_order_acquire);
+  WaitTimer timer(pending ? wait_ns_ : nullptr);
+  SpinPolicy::Wait spin(pending ? spin_.get() : nullptr);  // ends (and teaches the policy) after the sleep below
+  while (!done_.load(std::memory_order_acquire) && spin.spinning()) spin.pause();
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return done_.load(); });
   if (error_) std::rethrow_exception(error_);

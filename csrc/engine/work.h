@@ -10,6 +10,8 @@
 #include <memory>
 #include <mutex>
 
+#include "spin.h"
+
 namespace mccl {
 
 struct OrderNode;  // issue_order.h
@@ -22,9 +24,8 @@ using Callback = std::function<void(std::exception_ptr)>;
 class Work {
  public:
   bool completed() const;
-  // Blocks until the operation ends; rethrows its error. Checks for up to spin_us (yielding the CPU)
-  // before it sleeps.
-  void wait(uint32_t spin_us = 0);
+  // Blocks until the operation ends; rethrows its error. Spins first as spin_with()'s policy says.
+  void wait();
   // Like wait() but gives up after `timeout`: returns false then (the operation goes on).
   bool wait_for(std::chrono::milliseconds timeout);
   // For a receive from any source: the rank it came from (-1 before completion).
@@ -56,6 +57,8 @@ class Work {
   explicit Work(Callback callback) : callback_(std::move(callback)) {}
   // Time spent blocked in wait()/wait_for() is added to *counter (CommStats::Counters::wait_ns).
   void count_waits_in(std::atomic<uint64_t>* counter) { wait_ns_ = counter; }
+  // wait() spins as `policy` (the communicator's, for its callers) says; none: it sleeps at once.
+  void spin_with(std::shared_ptr<SpinPolicy> policy) { spin_ = std::move(policy); }
 
  private:
   mutable std::mutex mu_;
@@ -67,6 +70,7 @@ class Work {
   std::shared_ptr<OrderNode> order_node_;  // collectives: set by IssueOrder::add
   friend class IssueOrder;
   std::atomic<uint64_t>* wait_ns_ = nullptr;
+  std::shared_ptr<SpinPolicy> spin_;
 };
 using WorkPtr = std::shared_ptr<Work>;
 

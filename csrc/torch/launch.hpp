@@ -14,7 +14,7 @@ namespace lightning_mccl {
 template <typename Start>
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10d::OpType type, std::vector<at::Tensor> outputs,
                                                         Staging staging, Start&& start) {
-  auto work = c10::make_intrusive<WorkMCCL>(type, std::move(outputs), comm_->config().spin_us);
+  auto work = c10::make_intrusive<WorkMCCL>(type, std::move(outputs));
   WorkMCCL* raw = work.get();
   c10::raw::intrusive_ptr::incref(raw);  // the engine callback owns one reference until it runs
   if (std::any_of(staging->begin(), staging->end(), [](const Staged& s) { return s.copy_back; })) {

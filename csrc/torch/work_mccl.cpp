@@ -72,8 +72,8 @@ class CompletionPool {
 
 }  // namespace
 
-WorkMCCL::WorkMCCL(c10d::OpType type, std::vector<at::Tensor> outputs, uint32_t spin_us)
-    : c10d::Work(-1, type), outputs_(std::move(outputs)), spin_us_(spin_us) {
+WorkMCCL::WorkMCCL(c10d::OpType type, std::vector<at::Tensor> outputs)
+    : c10d::Work(-1, type), outputs_(std::move(outputs)) {
   std::vector<c10::Device> devices;
   for (const auto& t : outputs_) {
     if (t.defined() && !t.device().is_cpu() &&
@@ -180,7 +180,7 @@ bool WorkMCCL::wait(std::chrono::milliseconds timeout) {
   // Every engine operation ends by itself (collectives and p2p carry the process group's timeout),
   // so without an explicit timeout this blocks until then.
   if (timeout == kNoTimeout) {
-    translated([&] { engine_work_->wait(spin_us_); });
+    translated([&] { engine_work_->wait(); });
   } else if (!translated([&] { return engine_work_->wait_for(timeout); })) {
     throw_torch(mccl::Error(mccl::Error::Kind::kTimeout,
                             c10::str("MCCL timeout: ", c10d::opTypeToString(opType_), " did not complete within ",

@@ -23,8 +23,8 @@ namespace lightning_mccl {
 
 class WorkMCCL : public c10d::Work {
  public:
-  // `spin_us`: how long wait() polls before it sleeps (the group's MCCL_SPIN_US).
-  WorkMCCL(c10d::OpType type, std::vector<at::Tensor> outputs, uint32_t spin_us);
+  // wait() spins before it sleeps as the engine work's policy says (the group's MCCL_SPIN_US: mccl::Work::wait).
+  WorkMCCL(c10d::OpType type, std::vector<at::Tensor> outputs);
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -51,7 +51,6 @@ class WorkMCCL : public c10d::Work {
 
  private:
   std::vector<at::Tensor> outputs_;
-  const uint32_t spin_us_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   void complete(std::exception_ptr error);
 

@@ -77,7 +77,7 @@ Sender::Report wait_for(Sender& sender, size_t frames, std::chrono::milliseconds
 TEST(frames_arrive_whole_and_in_order) {
   Pipe pipe;
   std::atomic<int> notified{0};
-  Sender sender(1, [&] { ++notified; }, std::chrono::microseconds(20));
+  Sender sender(1, [&] { ++notified; }, /*adaptive_spin=*/true, std::chrono::microseconds(0));
   std::mt19937 rng(7);
   constexpr int kFrames = 24;
   std::vector<std::vector<char>> payloads(kFrames);
@@ -115,7 +115,7 @@ TEST(frames_arrive_whole_and_in_order) {
 
 TEST(a_frame_already_partly_sent_continues_where_it_stopped) {
   Pipe pipe;
-  Sender sender(1, [] {}, std::chrono::microseconds(0));
+  Sender sender(1, [] {}, false, std::chrono::microseconds(0));
   std::vector<char> payload(1000);
   for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i);
   FrameCursor segment = frame(payload, 3);
@@ -131,7 +131,7 @@ TEST(a_closed_peer_is_reported_not_hung) {
   Pipe pipe;
   ::close(pipe.reader);
   pipe.reader = -1;
-  Sender sender(1, [] {}, std::chrono::microseconds(0));
+  Sender sender(1, [] {}, false, std::chrono::microseconds(0));
   std::vector<char> payload(1 << 20, 'x');
   sender.submit(0, pipe.writer, frame(payload, 0));
   Sender::Report report = wait_for(sender, 1, std::chrono::seconds(5));
@@ -141,7 +141,7 @@ TEST(a_closed_peer_is_reported_not_hung) {
 
 TEST(stop_mid_frame_says_how_much_went_out) {
   Pipe pipe;
-  Sender sender(1, [] {}, std::chrono::microseconds(0));
+  Sender sender(1, [] {}, false, std::chrono::microseconds(0));
   std::vector<char> payload(size_t(64) << 20, 'y');  // far more than the socket buffer holds
   sender.submit(0, pipe.writer, frame(payload, 0));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));

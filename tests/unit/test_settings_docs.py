@@ -70,7 +70,7 @@ def test_readme_variables_agree_with_the_engine():
 
 
 @pytest.mark.parametrize("row, error", [
-    ("| `MCCL_SPIN_US` | `5` | x |", "MCCL_SPIN_US's default is '5', the engine's '50'"),
+    ("| `MCCL_SPIN_US` | `5` | x |", "MCCL_SPIN_US's default is '5', the engine's 'auto'"),
     ("| `MCCL_SPINUS` | `50` | x |", "MCCL_SPINUS is neither in the engine's table nor read in src/"),
 ])
 def test_the_check_fails_on_a_wrong_row(tmp_path, row, error):

@@ -17,8 +17,8 @@ namespace {
 constexpr size_t kBatch = kMaxIov / 2;  // segments per sendmsg (head and payload each take an iovec)
 }  // namespace
 
-Sender::Sender(int slots, std::function<void()> notify, std::chrono::microseconds spin)
-    : notify_(std::move(notify)), slots_(slots), spin_(spin) {
+Sender::Sender(int slots, std::function<void()> notify, bool adaptive_spin, std::chrono::microseconds spin)
+    : notify_(std::move(notify)), slots_(slots), spin_(adaptive_spin, spin, SpinPolicy::Site::kHelper) {
   make_wake_pipe(&wake_read_, &wake_write_);
   thread_ = std::thread([this] {
     set_thread_name("mccl-sender");
@@ -117,8 +117,8 @@ void Sender::run() {
     }
     if (active.empty()) {
       // Idle: spin for the next frame a while, then sleep until submit() or stop() writes the pipe.
-      const auto spin_until = Clock::now() + spin_;
-      while (Clock::now() < spin_until && submitted_.load(std::memory_order_acquire) == seen) std::this_thread::yield();
+      SpinPolicy::Wait spin(&spin_);
+      while (submitted_.load(std::memory_order_acquire) == seen && spin.spinning()) spin.pause();
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (stop_ || submitted_.load(std::memory_order_relaxed) != seen) continue;

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "spin.h"
 #include "transport/frame_cursor.h"
 
 namespace mccl {
@@ -32,9 +33,10 @@ namespace mccl {
 class Sender {
  public:
   // One slot per peer rank; notify() runs on the sender thread after frames finish or a write fails.
-  // With nothing to write the thread polls for new frames for `spin` (MCCL_SPIN_US) before it sleeps:
-  // the next piece of a ring step usually comes sooner than a sleeping thread could be woken for it.
-  Sender(int slots, std::function<void()> notify, std::chrono::microseconds spin);
+  // With nothing to write the thread polls for new frames before it sleeps, as MCCL_SPIN_US says (spin.h:
+  // adaptive, else `spin`): the next piece of a ring step usually comes sooner than a sleeping thread could
+  // be woken for it.
+  Sender(int slots, std::function<void()> notify, bool adaptive_spin, std::chrono::microseconds spin);
   ~Sender();  // stop()s
   Sender(const Sender&) = delete;
   Sender& operator=(const Sender&) = delete;
@@ -74,7 +76,7 @@ class Sender {
   bool stop_ = false;
   std::atomic<bool> news_{false};
   std::atomic<uint64_t> submitted_{0};  // segments handed over so far: what the idle spin watches
-  std::chrono::microseconds spin_;
+  SpinPolicy spin_;
   int wake_read_ = -1, wake_write_ = -1;
   std::thread thread_;
 };

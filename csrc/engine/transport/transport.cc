@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <thread>
 
 namespace mccl {
 
@@ -105,20 +104,25 @@ void Transport::check_no_stray_frames(uint64_t seq) {
   }
 }
 
-// Waiting polls without sleeping (yielding the CPU between rounds) for up to spin_ first: on a
+void Transport::set_spin(bool adaptive, std::chrono::microseconds fixed) {
+  spin_adaptive_ = adaptive;
+  spin_fixed_ = fixed;
+  spin_ = std::make_unique<SpinPolicy>(adaptive, fixed, SpinPolicy::Site::kProgress);
+}
+
+// Waiting polls without sleeping (yielding the CPU between rounds) first, as spin_ says (spin.h): on a
 // low-latency link the peer's frame usually comes sooner than a sleeping thread could be woken for it.
 void Transport::wait(const RequestPtr& request, Deadline deadline) { wait_all({request}, deadline); }
 
 void Transport::wait_all(const std::vector<RequestPtr>& requests, Deadline deadline) {
-  const Deadline spin_until = spin_.count() > 0 ? Clock::now() + spin_ : Deadline{};
+  SpinPolicy::Wait spin(spin_.get());
   for (const auto& request : requests) {
     while (!request->done) {
       throw_if_failed();
-      const auto now = Clock::now();
-      if (now >= deadline) timeout(requests);
-      if (now < spin_until) {
+      if (Clock::now() >= deadline) timeout(requests);
+      if (spin.spinning()) {
         progress(0);
-        if (!request->done) std::this_thread::yield();
+        if (!request->done) spin.pause();
       } else {
         progress(ms_until(deadline, 1000));
       }
@@ -203,7 +207,7 @@ void Transport::set_send_thread(size_t min_bytes) {
   threads_.min_bytes = min_bytes;
   if (min_bytes == 0 || size_ == 1 || !threads_.by_lane.empty()) return;
   for (int lane = 0; lane < nsocks_; ++lane)
-    threads_.by_lane.push_back(std::make_unique<Sender>(size_, [this] { wake(); }, spin_));
+    threads_.by_lane.push_back(std::make_unique<Sender>(size_, [this] { wake(); }, spin_adaptive_, spin_fixed_));
 }
 
 bool Transport::sender_news() const {

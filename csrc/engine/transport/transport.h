@@ -28,6 +28,7 @@
 
 #include "error.h"
 #include "socket.h"
+#include "spin.h"
 #include "stats.h"
 #include "transport/liveness.h"
 #include "transport/matcher.h"
@@ -72,8 +73,9 @@ class Transport {
   void set_heartbeat(std::chrono::milliseconds interval, std::chrono::milliseconds timeout) {
     liveness_.configure(interval, timeout, round_start_);
   }
-  // MCCL_SPIN_US: how long wait() polls without sleeping before it blocks in poll().
-  void set_spin(std::chrono::microseconds spin) { spin_ = spin; }
+  // MCCL_SPIN_US (spin.h): how long wait() polls without sleeping before it blocks in poll(), and each
+  // sender thread waits for frames before it sleeps; adaptive (auto), else `fixed`. Before set_send_thread().
+  void set_spin(bool adaptive, std::chrono::microseconds fixed);
   // MCCL_SEND_THREAD_BYTES: frames with at least this many payload bytes (and any frame queued behind
   // one) are written by a sender thread (sender.h) while this thread receives and reduces; 0: none.
   void set_send_thread(size_t min_bytes);
@@ -125,7 +127,9 @@ class Transport {
   std::function<void()> on_wakeup_;
   Clock::time_point round_start_;  // the clock, read once per progress round, after poll()
   Liveness liveness_;
-  std::chrono::microseconds spin_{0};
+  bool spin_adaptive_ = false;
+  std::chrono::microseconds spin_fixed_{0};
+  std::unique_ptr<SpinPolicy> spin_;  // wait()'s
   std::vector<Sender::Report> sent_reports_;  // reused by retire_sent()
   FrameHeader context_;
   bool busy_ = false;
