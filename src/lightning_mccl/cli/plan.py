@@ -24,6 +24,7 @@ from ..plan.profile import ProfileError, load, save
 from ..switch.rates import format_rate, line_rate_goodput, parse_rate
 from .console import make_log, stderr_console
 from .fleet_args import _positive_int
+from .tables import print_table
 
 EPILOG = """\
 --hosts takes a range (1-48), a list (2,4,8,24) or both (1-8,16,24). --goodput takes bits (9.4gbit) or
@@ -97,24 +98,21 @@ def _ranks(text: str) -> List[int]:
     return ranks
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
-    return value
+def _number(positive: bool, scale: float = 1.0, unit: str = ""):
+    """An argparse type: a number (> 0 when `positive`, else >= 0) times `scale`."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number{unit}") from None
+        if not (value > 0 if positive else value >= 0):
+            raise argparse.ArgumentTypeError(f"must be {'positive' if positive else 'at least 0'}, got {text}")
+        return value * scale
+    return parse
 
 
-def _micros(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of microseconds") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {text}")
-    return value * 1e-6
+_positive_float = _number(True)
+_micros = _number(False, 1e-6, " of microseconds")
 
 
 def _json_object(text: str) -> dict:
@@ -227,7 +225,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
         "share_device": profile.share_device, "compute_scale": profile.compute_scale, "rate_bps": args.rate,
         "goodput_Bps": link.goodput_Bps})
     save(profile, os.path.join(out, "profile.json"))
-    report.print_table(title, notes, report.table(predictions))
+    print_table(title, report.table(predictions), notes)
     if why:
         log(why)
     log(f"wrote {out}/plan.csv, plan.md{'' if why else ', plan.png'}, profile.json")

@@ -7,6 +7,7 @@ import os
 from dataclasses import asdict
 from typing import Dict, List, Optional, Sequence
 
+from ..cli.tables import markdown_table
 from .predict import Prediction
 
 CELL = "each cell: step ms, samples/s, efficiency, speed-up over one Mac"
@@ -40,28 +41,7 @@ def _cell(p: Prediction) -> str:
 
 
 def markdown(title: str, assumptions: Sequence[str], tbl) -> str:
-    cols, cells = tbl
-    lines = [f"# {title}", ""] + [f"- {a}" for a in assumptions] + [""]
-    lines += ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in cells]
-    return "\n".join(lines) + "\n"
-
-
-def print_table(title: str, assumptions: Sequence[str], tbl) -> None:
-    from rich.table import Table
-
-    from ..cli.console import stdout_console
-
-    cols, cells = tbl
-    t = Table(title=title, title_justify="left")
-    for i, c in enumerate(cols):
-        t.add_column(c, justify="left" if i == 0 else "right")
-    for r in cells:
-        t.add_row(*r)
-    out = stdout_console()
-    out.print(t)
-    for a in assumptions:
-        out.print(f"[dim]{a}[/]", highlight=False)
+    return "\n".join([f"# {title}", ""] + [f"- {a}" for a in assumptions] + [""]) + markdown_table(tbl)
 
 
 def plot(path: str, title: str, predictions: Sequence[Prediction]) -> Optional[str]:
