@@ -1,13 +1,15 @@
 """`mccl plan`'s predictions against the fleet stand-in's measured steps (benchmarks/fleet_ddp.py).
 
-    python benchmarks/plan_vs_measured.py --measured runs/fleet4 runs/fleet8 runs/fleet16 \
-        --profile b8.json --profile b32.json --out runs/plan_vs_measured
+    python benchmarks/plan_vs_measured.py --measured runs/fleet_h4 runs/fleet_h8 runs/fleet_h16 \
+        --profile b8_share4.json --profile b8_share8.json ... --out runs/plan_vs_measured
 
-For every row of the fleet_ddp result folders (their results.csv) whose series is one of the methods'
-(--series: method=series label), and a profile of the same model and batch (`mccl plan --save-profile`;
-of those, the one measured with as many processes sharing the device as the row has hosts, else one
-measured alone), the plan predicts the step for that many hosts with the same code as `mccl plan` (and the
-same link and method options), twice:
+Every mccl row of the fleet_ddp result folders (their results.csv) is one of the plan's methods, read from the
+row itself: DDP (no hook), torch's bf16 hook, the int8 hook, PowerSGD (its rank: --powersgd-rank, as fleet_ddp
+ran it), DiLoCo (its H, delay and wire type from the row); its bucket size from its DDP options (DDP's own
+default when none). Rows of other kinds (Gloo, the engine's bf16 wire under DDP) are left out; --series keeps
+only the labels given. For each, with a profile of the same model and batch (`mccl plan --save-profile`; of
+those, the one measured with as many processes sharing the device as the row has hosts, else one measured
+alone), the plan predicts the step for that many hosts with the same code as `mccl plan`, twice:
 
     profile   from the profile as measured (on the GPU host `--share-device N` for N hosts: the stand-in's N
               ranks share its GPU, so each computes slower than alone, and a bucket is ready when the
@@ -15,17 +17,15 @@ same link and method options), twice:
     run       with the profile's times scaled so that its compute step is the run's measured "compute" series
               (same processes, same hosts, same moment): what is left to the plan is the communication
 
-The measured step is fleet_ddp's median step (the slowest rank's); for DiLoCo, whose steps differ within a
-round, the mean over the timed steps (timeline_steps.csv), a round's average when they cover whole rounds.
-Writes comparison.csv, comparison.md and comparison.png (predicted against measured, with the +-10% band)
-to --out, and prints the table. The target: within 10% at 4 and 8 hosts for every method.
+The measured step is fleet_ddp's `step_s`: the median step (the slowest rank's), for DiLoCo the mean per inner
+step over whole rounds. Writes comparison.csv, comparison.md and comparison.png (predicted against measured,
+with the +-10% band) to --out and prints the table. The target: within 10% at 4 and 8 hosts for every method.
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import os
-import statistics
 import sys
 from collections import defaultdict
 
@@ -38,8 +38,9 @@ from lightning_mccl.plan.methods import METHODS  # noqa: E402
 from lightning_mccl.switch.rates import line_rate_goodput, parse_rate  # noqa: E402
 from sweep import report  # noqa: E402
 
-DEFAULT_SERIES = ("ddp=mccl:bucket=5,bf16=mccl+bf16_hook:bucket=5,powersgd=mccl+powersgd_batched:bucket=1000,"
-                  "int8=mccl+int8:bucket=5,diloco=mccl+diloco")
+# fleet_ddp's hooks that are the plan's methods (PowerSGD as the strategy runs it: same-shaped matrices batched)
+HOOKS = {"": "ddp", "bf16_hook": "bf16", "int8": "int8", "powersgd_batched": "powersgd"}
+DDP_DEFAULT_BUCKETS = (25.0, 1.0)  # MiB: DDP's bucket_cap_mb and first bucket when none is given
 TARGET = 0.10  # |predicted / measured - 1| at the TARGET_HOSTS
 TARGET_HOSTS = (4, 8)
 
@@ -50,73 +51,64 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measured", nargs="+", required=True, metavar="DIR", help="fleet_ddp.py --out folders")
     p.add_argument("--profile", action="append", required=True, metavar="FILE",
                    help="a profile per batch (mccl plan --save-profile); repeatable")
-    p.add_argument("--series", default=DEFAULT_SERIES,
-                   help="method=series label, comma-separated (default: %(default)s)")
-    p.add_argument("--mean", default="diloco", help="methods whose measured step is the mean over the timed steps, "
-                                                    "not the median (default: %(default)s)")
+    p.add_argument("--series", default="", help="only these series labels, comma-separated (default: every "
+                                                    "mccl row that is one of the plan's methods)")
     p.add_argument("--rate", default="10gbit", help="the stand-in's link rate (default: %(default)s)")
-    p.add_argument("--sync-every", type=int, default=Settings.sync_every, help="DiLoCo's H in the measured runs")
     p.add_argument("--powersgd-rank", type=int, default=Settings.powersgd_rank,
-                   help="PowerSGD's rank in the measured runs (fleet_ddp --powersgd-rank)")
-    p.add_argument("--diloco-bits", type=int, choices=(16, 8), default=Settings.diloco_bits)
+                   help="PowerSGD's rank in the measured runs (fleet_ddp --powersgd-rank; default: %(default)s)")
     p.add_argument("--judge", choices=("profile", "run"), default="profile",
                    help="which prediction the 10%% target is checked on (default: %(default)s)")
     p.add_argument("--out", default=None, help="output folder (default: runs/bench/plan_vs_measured-<time>)")
     return p
 
 
-def series_map(text: str) -> dict:
-    """{series label: method} from method=label items; ValueError naming a bad item."""
-    out = {}
-    for item in [t.strip() for t in text.split(",") if t.strip()]:
-        method, sep, label = item.partition("=")
-        if not sep or method not in METHODS or not label:
-            raise ValueError(f"--series {item!r}: write method=series label, the method one of {', '.join(METHODS)}")
-        out[label] = method
-    return out
+def method_of(row: dict, powersgd_rank: int):
+    """(method name, Settings) of a fleet_ddp row, or None when it is none of the plan's methods."""
+    if row.get("backend") != "mccl":
+        return None
+    if row.get("sync_every"):
+        wire = {"": "float32", "bf16": "bf16"}.get(row.get("wire_dtype", ""))
+        return None if wire is None else ("diloco", Settings(sync_every=int(row["sync_every"]),
+                                                             sync_delay=int(row["sync_delay"]), diloco_wire=wire))
+    method = HOOKS.get(row.get("hook", ""))
+    if method is None or row.get("wire_dtype"):
+        return None
+    options = dict(kv.split("=", 1) for kv in row.get("ddp_options", "").split())
+    bucket, first = ((float(options["bucket_cap_mb"]),) * 2 if "bucket_cap_mb" in options else DDP_DEFAULT_BUCKETS)
+    if method == "powersgd":
+        return method, Settings(powersgd_rank=powersgd_rank, powersgd_bucket_mb=bucket, first_bucket_mb=first)
+    return method, Settings(bucket_mb=bucket, first_bucket_mb=first)
 
 
-def read_measured(folder: str) -> tuple:
-    """(rows of results.csv, {(world, batch, series): [each timed step's seconds]} from timeline_steps.csv)."""
+def read_measured(folder: str) -> list:
+    """The rows of a fleet_ddp result folder's results.csv."""
     path = os.path.join(folder, "results.csv")
     if not os.path.exists(path):
         raise FileNotFoundError(f"{folder}: no results.csv (a benchmarks/fleet_ddp.py --out folder?)")
     with open(path) as f:
-        rows = [r for r in csv.DictReader(f) if not r.get("error")]
-    steps = defaultdict(list)
-    timeline = os.path.join(folder, "timeline_steps.csv")
-    if os.path.exists(timeline):
-        with open(timeline) as f:
-            for r in csv.DictReader(f):
-                steps[int(r["world"]), int(r["batch_per_rank"]), r["series"]].append(float(r["time_s"]))
-    return rows, steps
+        return [r for r in csv.DictReader(f) if not r.get("error")]
 
 
-def compare(args, labels: dict, profiles: dict, measured: list) -> list:
+def compare(args, profiles: dict, measured: list) -> list:
     link = Link(line_rate_goodput(parse_rate(args.rate)) / 8)
-    settings = Settings(powersgd_rank=args.powersgd_rank, sync_every=args.sync_every, diloco_bits=args.diloco_bits)
-    means = {m.strip() for m in args.mean.split(",") if m.strip()}
+    keep = {t.strip() for t in args.series.split(",") if t.strip()}
     out = []
-    for folder, (rows, steps) in measured:
+    for folder, rows in measured:
         compute = {(int(r["world"]), int(r["batch_per_rank"])): float(r["time_median_s"])
                    for r in rows if r["series"] == "compute"}
         for r in rows:
-            method = labels.get(r["series"])
             n, batch = int(r["world"]), int(r["batch_per_rank"])
+            kind = method_of(r, args.powersgd_rank)
             profile = pick_profile(profiles.get((r["model"], batch), []), n)
-            if method is None or profile is None:
+            if kind is None or profile is None or (keep and r["series"] not in keep):
                 continue
-            stat = "mean" if method in means else "median"
-            times = steps.get((n, batch, r["series"]))
-            if stat == "mean" and not times:
-                raise ValueError(f"{folder}: {r['series']} has no timeline_steps.csv rows to take the mean of")
-            got = statistics.mean(times) if stat == "mean" else float(r["time_median_s"])
+            method, settings = kind
             (m,) = build_methods([method], settings)
+            got = float(r.get("step_s") or r["time_median_s"])
             row = {"hosts": n, "batch": batch, "method": method, "series": r["series"], "measured_s": got,
-                   "statistic": stat, "folder": folder, "profile_share_device": profile.share_device,
-                   "profile_compute_s": profile.step_s,
-                   "measured_compute_s": compute.get((n, batch), "")}
-            row["predicted_s"] = predict(profile, link, [m], [n])[0].step_s
+                   "folder": folder, "profile_share_device": profile.share_device, "profile_compute_s": profile.step_s,
+                   "measured_compute_s": compute.get((n, batch), ""),
+                   "predicted_s": predict(profile, link, [m], [n])[0].step_s}
             if (n, batch) in compute:
                 scaled = profile.scaled(compute[n, batch] / profile.step_s)
                 row["predicted_run_s"] = predict(scaled, link, [m], [n])[0].step_s
@@ -124,7 +116,7 @@ def compare(args, labels: dict, profiles: dict, measured: list) -> list:
                 if key in row:
                     row[key.replace("predicted", "error")] = row[key] / got - 1
             out.append(row)
-    return sorted(out, key=lambda r: (r["batch"], r["hosts"], METHODS.index(r["method"])))
+    return sorted(out, key=lambda r: (r["batch"], r["hosts"], METHODS.index(r["method"]), r["series"]))
 
 
 def pick_profile(candidates: list, hosts: int):
@@ -138,15 +130,14 @@ def judged_error(row: dict, judge: str):
 
 
 def table(rows: list, judge: str) -> report.Table:
-    cols = ["hosts", "batch", "method", "measured ms", "predicted ms (profile)", "error", "predicted ms (run's "
+    cols = ["hosts", "batch", "series", "measured ms", "predicted ms (profile)", "error", "predicted ms (run's "
             "compute)", "error", "compute ms: profile / run", f"within 10% ({judge})"]
     cells = []
     for r in rows:
         err, err_run, judged_err = r["error_s"], r.get("error_run_s"), judged_error(r, judge)
         judged = r["hosts"] in TARGET_HOSTS
         ok = "-" if judged_err is None else "yes" if abs(judged_err) <= TARGET else "NO"
-        cells.append([str(r["hosts"]), str(r["batch"]), r["method"],
-                      f"{r['measured_s'] * 1e3:.0f}{' (mean)' if r['statistic'] == 'mean' else ''}",
+        cells.append([str(r["hosts"]), str(r["batch"]), f"{r['series']} ({r['method']})", f"{r['measured_s'] * 1e3:.0f}",
                       f"{r['predicted_s'] * 1e3:.0f}", f"{err:+.1%}",
                       f"{r['predicted_run_s'] * 1e3:.0f}" if err_run is not None else "",
                       f"{err_run:+.1%}" if err_run is not None else "",
@@ -202,18 +193,17 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        labels = series_map(args.series)
         profiles = defaultdict(list)
         for path in args.profile:
             prof = load(path)
             profiles[prof.model, prof.batch].append(prof)
         measured = [(folder, read_measured(folder)) for folder in args.measured]
-        rows = compare(args, labels, profiles, measured)
+        rows = compare(args, profiles, measured)
     except (ValueError, OSError) as e:
         parser.error(str(e))
     if not rows:
-        parser.error(f"no measured row has both a series of --series ({', '.join(labels)}) and a profile of its "
-                     f"model and batch ({', '.join(f'{m} b{b}' for m, b in profiles)})")
+        parser.error(f"no measured row is one of the plan's methods with a profile of its model and batch (profiles: "
+                     f"{', '.join(f'{m} b{b}' for m, b in profiles)})")
     out = args.out or report.default_out_dir("plan_vs_measured")
     os.makedirs(out, exist_ok=True)
     report.write_csv(os.path.join(out, "comparison.csv"), rows)

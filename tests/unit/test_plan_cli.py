@@ -18,8 +18,8 @@ from lightning_mccl.plan.profile import FORMAT, Kernels, Param, PowerSGDCost, Pr
 def make_profile(batch=8) -> Profile:
     # two 25 MB matrices, ready at 200 and 300 ms; backward ends at 300 ms, the step at 310 ms
     params = (Param("head.weight", (2500, 2500), 4, 0.2), Param("body.weight", (2500, 2500), 4, 0.3))
-    kernels = Kernels(bf16_encode=1e-12, bf16_decode=2e-12, int8_encode=3e-12, int8_decode=4e-12,
-                      pseudo_gradient=5e-12, outer_step=6e-12, powersgd={1: PowerSGDCost(0.001, 0.002, 0.003)})
+    kernels = Kernels(bf16_encode=1e-12, bf16_decode=2e-12, pseudo_gradient=5e-12, outer_step=6e-12,
+                      powersgd={1: PowerSGDCost(0.001, 0.002, 0.003)})
     return Profile(model="vit_test", model_args={"img_size": 32}, batch=batch, device="mps",
                    device_name="Apple M2 Ultra's GPU", share_device=1, steps=10, warmup=3, optimizer="SGD",
                    forward_s=0.1, backward_s=0.3, step_s=0.31, params=params, kernels=kernels,
@@ -66,6 +66,8 @@ def test_goodput_in_bits_or_bytes():
     (["--model", "resnet50"], "--model resnet50, but the profile"),
     (["--device", "cuda"], "--device cuda, but the profile"),
     (["--powersgd-rank", "4"], "not at rank 4: profile again with --powersgd-ranks 4"),
+    (["--sync-every", "4", "--sync-delay", "5"], "sync_delay must be between 1 and sync_every (4), got 5"),
+    (["--diloco-wire", "fp8"], "argument --diloco-wire: invalid choice: 'fp8'"),
     (["--compute-scale", "0"], "argument --compute-scale: must be positive, got 0"),
 ])
 def test_bad_arguments_are_named(profile_file, capsys, args, why):
@@ -88,7 +90,7 @@ def test_the_profile_round_trips(tmp_path):
     scaled = load(path).scaled(0.5)
     assert (scaled.step_s, scaled.params[0].ready_s, scaled.compute_scale) == (0.155, 0.1, 0.5)
     assert scaled.kernels.powersgd[1] == PowerSGDCost(0.0005, 0.001, 0.0015)
-    assert scaled.kernels.int8_encode == 1.5e-12
+    assert scaled.kernels.bf16_decode == 1e-12
 
 
 @pytest.mark.parametrize("content, why", [

@@ -149,8 +149,7 @@ def model_params():
 
 
 def test_each_bucketed_method_sends_its_bytes():
-    prof = profile(model_params(), kernels=Kernels(bf16_encode=1e-9, bf16_decode=2e-9, int8_encode=3e-9,
-                                                   int8_decode=4e-9))
+    prof = profile(model_params(), kernels=Kernels(bf16_encode=1e-9, bf16_decode=2e-9))
     (bucket,) = DDP(1000).buckets(prof)
     numel = 140_200
     assert bucket.nbytes == 4 * numel
@@ -158,9 +157,17 @@ def test_each_bucketed_method_sends_its_bytes():
     c = BF16(1000).chain(bucket, prof)
     assert (c.collectives[0].nbytes, c.issued_s, c.after_s, c.hook) == (2 * numel, pytest.approx(4 * numel * 1e-9),
                                                                         pytest.approx(4 * numel * 2e-9), True)
+    # int8: a code per value and a float32 scale per 256, by the exchange, quantised in the engine
     c = Int8(1000, codec_Bps=5e8).chain(bucket, prof)
     assert c.collectives[0].nbytes == numel + math.ceil(numel / 256) * 4 == int8_bytes(numel)
-    assert c.collectives[0].rate_Bps == 5e8 and c.issued_s == pytest.approx(4 * numel * 3e-9)
+    assert (c.collectives[0].rate_Bps, c.collectives[0].exchange, c.issued_s, c.after_s, c.hook) == (
+        5e8, True, 0.0, 0.0, True)
+
+
+def test_the_8_bit_exchange_takes_two_steps_whatever_the_size():
+    link = Link(GB, op_latency_s=0.0, step_latency_s=10e-6, hook_latency_s=0.0)
+    assert link.allreduce_s(8e6, 8, exchange=True) == pytest.approx(2 * 10e-6 + 14e6 / GB)
+    assert link.allreduce_s(1e3, 8, exchange=True) == pytest.approx(2 * 10e-6 + 1.75e3 / GB)
 
 
 def test_powersgd_sends_the_uncompressed_tensors_then_p_then_q():
@@ -184,19 +191,29 @@ def test_powersgd_sends_the_uncompressed_tensors_then_p_then_q():
         PowerSGD(4, 1000).chain(bucket, prof)
 
 
-def test_diloco_hides_its_allreduce_behind_h_steps_or_waits_for_it():
-    prof = profile([p("w", 25_000_000, 0.2)], step=0.31, kernels=Kernels(pseudo_gradient=1e-12, outer_step=1e-12))
-    # 8 hosts: 50 MB of bf16 pseudo-gradient, 87.5 ms on the ring: hidden behind 2 steps of 310 ms
-    t = DiLoCo(2).timing(prof, 8, BARE)
-    assert t.step_s == pytest.approx((2 * 0.31 + 100e6 * 2e-12) / 2)
-    assert t.comm_s == pytest.approx(0.0875 / 2)
-    # one inner step of 10 ms cannot hide it: the round waits for the allreduce
+def test_diloco_hides_its_allreduce_behind_tau_steps_or_waits_for_it():
+    prof = profile([p("w", 25_000_000, 0.2)], step=0.31, kernels=Kernels(pseudo_gradient=1e-12, outer_step=2e-12))
+    # 8 hosts, float32: 100 MB, 175 ms on the ring, hidden behind one step of 310 ms; a round of 2 steps
+    t = DiLoCo(2, wire="float32").timing(prof, 8, BARE)
+    assert t.step_s == pytest.approx((2 * 0.31 + 100e6 * 3e-12) / 2)
+    assert t.comm_s == pytest.approx(0.175 / 2)
+    # one inner step of 10 ms: the round waits for what the tau steps did not hide
     fast = profile([p("w", 25_000_000, 0.005)], forward=0.002, backward=0.008, step=0.01)
-    assert DiLoCo(1).timing(fast, 8, BARE).step_s == pytest.approx(0.0875)
-    assert DiLoCo(1, bits=8).timing(fast, 8, BARE).step_s == pytest.approx(1.75 * int8_bytes(25_000_000) / GB)
+    assert DiLoCo(4, wire="float32").timing(fast, 8, BARE).step_s == pytest.approx((0.04 + 0.175 - 0.01) / 4)
+    assert DiLoCo(4, 3, wire="float32").timing(fast, 8, BARE).step_s == pytest.approx((0.04 + 0.175 - 0.03) / 4)
+    # bf16 on the wire: half the bytes, at the engine's compressed ring's share of the link
+    bf16 = DiLoCo(4).timing(fast, 8, BARE).step_s
+    assert bf16 == pytest.approx((0.04 + 0.0875 / 0.87 - 0.01) / 4)
+    # int8: the exchange, a code per value and a scale per 256
+    assert DiLoCo(4, wire="int8").timing(fast, 8, BARE).step_s == pytest.approx(
+        (0.04 + 1.75 * int8_bytes(25_000_000) / GB - 0.01) / 4)
     assert DiLoCo(4).timing(prof, 1, BARE).step_s == 0.31
     with pytest.raises(ValueError, match="sync_every must be at least 1"):
         DiLoCo(0)
+    with pytest.raises(ValueError, match="sync_delay must be between 1 and sync_every \\(4\\), got 5"):
+        DiLoCo(4, 5)
+    with pytest.raises(ValueError, match="not 'fp8'"):
+        DiLoCo(4, wire="fp8")
 
 
 def test_predictions_compare_with_one_mac():
@@ -223,8 +240,8 @@ def test_build_methods_names_an_unknown_one():
 def test_the_plans_defaults_are_the_strategys():
     pytest.importorskip("lightning")
     from lightning_mccl.lightning.compress import POWERSGD_DEFAULTS
-    from lightning_mccl.lightning.strategy import MCCL_BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB
+    from lightning_mccl.lightning.group import BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB
 
     s = Settings()
     assert (s.bucket_mb, s.powersgd_bucket_mb, s.powersgd_rank) == (
-        MCCL_BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB, POWERSGD_DEFAULTS["matrix_approximation_rank"])
+        BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB, POWERSGD_DEFAULTS["matrix_approximation_rank"])

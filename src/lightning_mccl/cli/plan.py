@@ -18,13 +18,12 @@ import time
 from typing import List, Optional, Sequence
 
 from ..plan.link import HOOK_LATENCY_S, OP_LATENCY_S, STEP_LATENCY_S, Link
-from ..plan.methods import METHODS
+from ..plan.methods import DILOCO_WIRES, METHODS
 from ..plan.predict import Settings, build_methods, predict
 from ..plan.profile import ProfileError, load, save
 from ..switch.rates import format_rate, line_rate_goodput, parse_rate
-from .console import make_log, stderr_console
+from .console import make_log, print_table, stderr_console
 from .fleet_args import _positive_int
-from .tables import print_table
 
 EPILOG = """\
 --hosts takes a range (1-48), a list (2,4,8,24) or both (1-8,16,24). --goodput takes bits (9.4gbit) or
@@ -173,8 +172,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="(default: %(default)g: one bucket)")
     g.add_argument("--sync-every", type=_positive_int, default=s.sync_every, metavar="H",
                    help="DiLoCo's inner steps per outer sync (default: %(default)s)")
-    g.add_argument("--diloco-bits", type=int, choices=(16, 8), default=s.diloco_bits,
-                   help="DiLoCo's pseudo-gradient on the wire (default: %(default)s)")
+    g.add_argument("--sync-delay", type=_positive_int, default=s.sync_delay, metavar="TAU",
+                   help="DiLoCo's steps between a round's end and its outer step (default: %(default)s)")
+    g.add_argument("--diloco-wire", choices=DILOCO_WIRES, default=s.diloco_wire,
+                   help="DiLoCo's pseudo-gradient on the wire, its compress= (default: %(default)s)")
     g.add_argument("--int8-codec", type=parse_goodput,
                    help="the engine's int8 codec rate, wire bytes (default: as fast as the link)")
 
@@ -183,8 +184,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     if command:
         parser.error("mccl plan takes no command")
     log = make_log(stderr_console(), "mccl plan")
-    settings = Settings(args.bucket_mb, args.first_bucket_mb, args.powersgd_rank,
-                                     args.powersgd_bucket_mb, args.sync_every, args.diloco_bits, args.int8_codec)
+    settings = Settings(args.bucket_mb, args.first_bucket_mb, args.powersgd_rank, args.powersgd_bucket_mb,
+                        args.sync_every, args.sync_delay, args.diloco_wire, args.int8_codec)
     link = Link(args.goodput or line_rate_goodput(args.rate) / 8, args.op_latency_us,
                            args.step_latency_us, args.hook_latency_us)
     if args.profile:
@@ -277,15 +278,17 @@ def assumptions(profile, link, args, settings, methods) -> List[str]:
         first = getattr(m, "first_cap_bytes", 0)
         first = f" (the first {first / MIB:g})" if first and first != m.cap_bytes else ""
         if m.name in ("ddp", "bf16", "int8"):
+            how = {"int8": ", the 8-bit exchange at " + (format_rate(settings.int8_codec_Bps * 8) + " (given)"
+                                                          if settings.int8_codec_Bps else "the link's rate")}
             lines.append(f"{m.name}: {len(m.buckets(profile))} buckets of {m.cap_bytes / MIB:g} MiB{first}, "
-                         f"their allreduces overlapping the backward pass")
+                         f"their allreduces overlapping the backward pass{how.get(m.name, '')}")
         elif m.name == "powersgd":
             lines.append(f"powersgd: rank {settings.powersgd_rank}, {len(m.buckets(profile))} bucket(s) of "
                          f"{m.cap_bytes / MIB:g} MiB{first}, same-shaped matrices batched")
         else:
-            lines.append(f"diloco: {settings.sync_every} inner steps per outer sync, the pseudo-gradient in "
-                         f"{settings.diloco_bits} bits, its allreduce overlapping the next round, applied one "
-                         f"round late; the step is a round's average")
+            lines.append(f"diloco: H = {settings.sync_every} inner steps per outer sync, the pseudo-gradient as "
+                         f"{settings.diloco_wire} in one allreduce, overlapping the next {settings.sync_delay} "
+                         f"step(s) before the outer step applies it; the step is a round's average")
     lines.append("one host: one Mac training alone; efficiency = its step / this step; speed-up = hosts x "
                  "efficiency")
     lines.append(report.CELL)

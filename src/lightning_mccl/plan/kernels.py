@@ -5,12 +5,9 @@ elementwise and memory-bound), as the methods do it:
 
     bf16_encode      the bf16 hook's cast of a bucket to bfloat16 and its division by the world size
     bf16_decode      its copy back into the float32 bucket
-    int8_encode      the gradient plus its residual, each block of INT8_BLOCK values scaled by its largest
-                     magnitude / 127, rounded to int8, the new residual kept (error feedback)
-    int8_decode      int8 values times their block's scale, back to float32
-    pseudo_gradient  DiLoCo: anchor - weights, to bfloat16
-    outer_step       DiLoCo: the averaged pseudo-gradient widened, Nesterov momentum, the anchor moved and
-                     copied into the weights
+    pseudo_gradient  DiLoCo: anchor - weights (lightning_mccl.diloco packs it into one float32 vector)
+    outer_step       DiLoCo: Nesterov momentum on the averaged pseudo-gradient, the anchor moved, the weights
+                     moved by the same step less their own progress
 
 and PowerSGD's matrix work for every matrix it compresses in the model (methods.powersgd_matrix) at each
 rank asked for, same-shaped matrices stacked and multiplied at once (batch_tensors_with_same_shape), in its
@@ -21,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable, Dict, List, Sequence
 
-from .methods import INT8_BLOCK, powersgd_matrix
+from .methods import powersgd_matrix
 from .profile import Param
 
 WORLD = 8  # the bf16 hook divides by the world size; any value costs the same
@@ -47,34 +44,22 @@ def elementwise(clock, numel: int, repeats: int, wait) -> Dict[str, List[float]]
     """Seconds per float32 byte of each elementwise kernel, per repeat."""
     import torch
 
-    numel -= numel % INT8_BLOCK
     dev = clock.device
     grad = torch.randn(numel, device=dev)
     half = torch.empty(numel, device=dev, dtype=torch.bfloat16)
-    residual = torch.zeros(numel, device=dev)
-    q = torch.empty(numel // INT8_BLOCK, INT8_BLOCK, device=dev, dtype=torch.int8)
-    scale = torch.ones(numel // INT8_BLOCK, 1, device=dev)
-    anchor, momentum = torch.randn(numel, device=dev), torch.zeros(numel, device=dev)
-
-    def int8_encode():
-        x = grad + residual
-        blocks = x.view(-1, INT8_BLOCK)
-        torch.div(blocks.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30), 127.0, out=scale)
-        q.copy_(torch.round(blocks / scale).clamp_(-127, 127))
-        torch.sub(x, (q.float() * scale).view(-1), out=residual)
+    anchor, momentum, delta = (torch.randn(numel, device=dev) for _ in range(3))
+    mean = torch.randn(numel, device=dev)
 
     def outer_step():
-        g = half.float()
-        momentum.mul_(0.9).add_(g)
-        anchor.add_(g, alpha=-0.7).add_(momentum, alpha=-0.63)
-        grad.copy_(anchor)
+        momentum.mul_(0.9).add_(mean)
+        update = torch.add(mean, momentum, alpha=0.9).mul_(0.7)
+        anchor.sub_(update)
+        grad.add_(delta).sub_(update)
 
     kernels = {
         "bf16_encode": lambda: half.copy_(grad).div_(WORLD),
         "bf16_decode": lambda: grad.copy_(half),
-        "int8_encode": int8_encode,
-        "int8_decode": lambda: grad.view(-1, INT8_BLOCK).copy_(q).mul_(scale),
-        "pseudo_gradient": lambda: half.copy_(torch.sub(anchor, grad)),
+        "pseudo_gradient": lambda: torch.sub(anchor, grad, out=delta),
         "outer_step": outer_step,
     }
     return {name: [t / (4 * numel) for t in timed(clock, repeats, wait, run)] for name, run in kernels.items()}

@@ -4,6 +4,9 @@ puts on each host's link at the link's TCP goodput, plus the engine's fixed cost
     ring               2(n-1) steps; each host sends 2(n-1)/n x S bytes
     recursive doubling log2(n) steps (2 more when n is not a power of two: the fold), S bytes each;
                        the engine's choice up to MCCL_RD_MAX_BYTES (docs/settings.md's table)
+    exchange           the 8-bit allreduce's reduce-once exchange (docs/int8.md): each rank sends its part
+                       of every segment to the segment's owner, then every owner its finished segment to
+                       every rank, all at once: 2 steps, 2(n-1)/n x S bytes
     time               op_latency + steps x step_latency + bytes / goodput
 
 `goodput` is TCP payload bytes per second on one host's link, each way: by default the line rate's goodput
@@ -31,6 +34,10 @@ HOOK_LATENCY_S = 150e-6
 # loopback (11 us a step; benchmarks/results/h200_algos_W8); a hop through a 10 GbE switch and its NICs adds a
 # few us more. `mccl doctor` measures a fleet's (its latency column, one way).
 STEP_LATENCY_S = 15e-6
+# The engine's bf16 compression on the wire (MCCL_WIRE_DTYPE=bf16, DiLoCo's compress="bf16") carries 0.87 of
+# the link's goodput on 8 hosts, its progress thread widening, adding and narrowing every piece
+# (docs/performance.md, *The stand-in on cubic*: 1.74-1.88x float32's busbw).
+BF16_WIRE_EFFICIENCY = 0.87
 # MCCL_ALGO=auto: recursive doubling up to these sizes (bytes) at up to this many ranks, the ring above
 # (docs/settings.md, the algorithm table).
 RD_MAX_BYTES = ((4, 64 << 10), (8, 128 << 10), (16, 256 << 10), (None, 1 << 20))
@@ -50,14 +57,15 @@ class Link:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
 
-    def allreduce_s(self, nbytes: float, n: int, hook: bool = False,
-                    rate_Bps: Optional[float] = None) -> float:
-        """Seconds for an allreduce of `nbytes` (as they travel) over n hosts; `rate_Bps` caps the rate the
-        bytes move at (a codec slower than the link). 0 for one host: nothing to send."""
+    def allreduce_s(self, nbytes: float, n: int, hook: bool = False, rate_Bps: Optional[float] = None,
+                    exchange: bool = False) -> float:
+        """Seconds for an allreduce of `nbytes` (as they travel) over n hosts, by the engine's choice of
+        algorithm or the exchange; `rate_Bps` caps the rate the bytes move at (a codec slower than the
+        link). 0 for one host: nothing to send."""
         if n < 2:
             return 0.0
         rate = min(self.goodput_Bps, rate_Bps or self.goodput_Bps)
-        steps, wire = algorithm_steps(nbytes, n)
+        steps, wire = (2, ring_bytes(nbytes, n)) if exchange else algorithm_steps(nbytes, n)
         return self.op_latency_s + (self.hook_latency_s if hook else 0.0) + steps * self.step_latency_s + wire / rate
 
 

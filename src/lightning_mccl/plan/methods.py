@@ -3,16 +3,18 @@
     ddp        DDP's float32 allreduce per bucket (MCCLStrategy's default: 5 MB buckets over mccl)
     bf16       torch's bf16_compress_hook (`compress="bf16"` on an accelerator): each bucket cast to bfloat16
                on the device, half the bytes, cast back after
-    int8       8-bit with error feedback (`compress="int8"`): each bucket plus its residual quantised to int8
-               in blocks with one float32 scale each (a quarter of the bytes and 4/block more), the residual
-               kept; the ring or exchange moves the 8-bit bytes, at most at the codec's rate when given
+    int8       the engine's 8-bit allreduce with error feedback (`compress="int8"`, docs/int8.md): each bucket
+               from a comm hook, as int8 codes with a float32 scale per 256 values (a quarter of the bytes and
+               1/64 more), by the reduce-once exchange; the engine quantises on the CPU as it sends, at the
+               link's rate (measured: 0.96-0.97 of what its bytes allow) unless its codec is given slower
     powersgd   torch's powerSGD_hook at rank r (`compress="powersgd"`: one bucket, same-shaped matrices
                batched): per bucket a chain of three allreduces, the tensors it does not compress (float32),
                then the P matrices (sum of n x r), then, after orthogonalising P and computing Q on the
                device, the Q matrices (sum of m x r), then P Q^T and the new error on the device
     diloco     H inner steps with no communication, then the pseudo-gradient (anchor - weights) allreduced in
-               16 (or 8) bits while the next H inner steps run, applied one round late by an outer Nesterov
-               step (`MCCLStrategy(sync="diloco", sync_every=H)`)
+               one piece, in float32, bf16 on the wire or 8 bits, while the next tau steps run, then the outer
+               Nesterov step (`MCCLStrategy(sync="diloco", sync_every=H, sync_delay=tau, compress=...)`,
+               docs/diloco.md)
 
 The device work comes from the profile's kernels (measured on the device, profile.py); the collectives' cost
 from the link (link.py); the bucketed methods run through DDP's schedule (schedule.py).
@@ -24,12 +26,12 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from .buckets import MIB, Bucket, buckets
-from .link import Link
+from .link import BF16_WIRE_EFFICIENCY, Link
 from .profile import Param, Profile
 from .schedule import Chain, Collective, bucketed_step
 
 BF16_BYTES = 2
-INT8_BLOCK = 256  # values per scale (issue 27's prototype: 256-value blocks)
+INT8_BLOCK = 256  # values per scale (csrc/engine/int8_blocks.h)
 INT8_SCALE_BYTES = 4  # one float32 scale per block
 POWERSGD_MIN_COMPRESSION_RATE = 2  # PowerSGDState's default: a matrix is compressed if that saves 2x or more
 
@@ -86,15 +88,13 @@ def int8_bytes(numel: int, block: int = INT8_BLOCK) -> int:
 class Int8(Bucketed):
     name = "int8"
 
-    def __init__(self, bucket_mb: float, first_bucket_mb: Optional[float] = None, block: int = INT8_BLOCK,
-                 codec_Bps: Optional[float] = None):
+    def __init__(self, bucket_mb: float, first_bucket_mb: Optional[float] = None, codec_Bps: Optional[float] = None):
         super().__init__(bucket_mb, first_bucket_mb)
-        self.block, self.codec_Bps = block, codec_Bps
+        self.codec_Bps = codec_Bps
 
     def chain(self, bucket: Bucket, profile: Profile) -> Chain:
-        k = profile.kernels
-        return Chain(bucket.ready_s, (Collective(int8_bytes(bucket.numel, self.block), rate_Bps=self.codec_Bps),),
-                     issued_s=bucket.nbytes * k.int8_encode, after_s=bucket.nbytes * k.int8_decode, hook=True)
+        return Chain(bucket.ready_s, (Collective(int8_bytes(bucket.numel), rate_Bps=self.codec_Bps, exchange=True),),
+                     hook=True)
 
 
 def powersgd_matrix(p: Param, rank: int):
@@ -132,29 +132,40 @@ class PowerSGD(Bucketed):
                      issued_s=cost.p_s * share, after_s=cost.d_s * share, hook=True)
 
 
+DILOCO_WIRES = ("float32", "bf16", "int8")
+
+
 class DiLoCo:
     """H inner steps, each the compute step; at the round's end the pseudo-gradient is computed on the device
-    and its allreduce starts, overlapping the next round's H inner steps, after which the outer step applies
-    it (one round late). A round: H x compute + pseudo-gradient + outer step + whatever of the allreduce the
-    H steps did not hide. The step is a round's average."""
+    and its one allreduce starts, then tau steps later the outer step applies it, waiting for whatever of the
+    allreduce those tau steps did not hide (docs/diloco.md). A round: H x compute + pseudo-gradient + outer
+    step + max(0, allreduce - tau x compute); the step is a round's average. The wire: float32, bf16 (the
+    engine narrows on the wire, at BF16_WIRE_EFFICIENCY of the link) or int8 (the 8-bit exchange)."""
     name = "diloco"
 
-    def __init__(self, sync_every: int, bits: int = 16):
+    def __init__(self, sync_every: int, sync_delay: int = 1, wire: str = "bf16", codec_Bps: Optional[float] = None):
         if sync_every < 1:
             raise ValueError(f"sync_every must be at least 1, got {sync_every}")
-        if bits not in (8, 16):
-            raise ValueError(f"DiLoCo's pseudo-gradient travels in 16 or 8 bits, not {bits}")
-        self.sync_every, self.bits = sync_every, bits
+        if not 1 <= sync_delay <= sync_every:
+            raise ValueError(f"sync_delay must be between 1 and sync_every ({sync_every}), got {sync_delay}")
+        if wire not in DILOCO_WIRES:
+            raise ValueError(f"DiLoCo's pseudo-gradient travels as {', '.join(DILOCO_WIRES)}, not {wire!r}")
+        self.sync_every, self.sync_delay, self.wire, self.codec_Bps = sync_every, sync_delay, wire, codec_Bps
 
     def timing(self, profile: Profile, n: int, link: Link) -> Timing:
         if n < 2:
             return Timing(profile.step_s, 0.0)
         numel = sum(p.numel for p in profile.params)
-        wire = numel * BF16_BYTES if self.bits == 16 else int8_bytes(numel)
-        allreduce = link.allreduce_s(wire, n, hook=True)
-        k, inner = profile.kernels, self.sync_every * profile.step_s
-        per_byte = k.pseudo_gradient + k.outer_step + (k.int8_encode + k.int8_decode if self.bits == 8 else 0.0)
-        round_s = inner + profile.grad_bytes * per_byte + max(0.0, allreduce - inner)
+        if self.wire == "int8":
+            allreduce = link.allreduce_s(int8_bytes(numel), n, rate_Bps=self.codec_Bps, exchange=True)
+        elif self.wire == "bf16":
+            allreduce = link.allreduce_s(numel * BF16_BYTES, n, rate_Bps=BF16_WIRE_EFFICIENCY * link.goodput_Bps)
+        else:
+            allreduce = link.allreduce_s(profile.grad_bytes, n)
+        k = profile.kernels
+        hidden = self.sync_delay * profile.step_s
+        round_s = (self.sync_every * profile.step_s + profile.grad_bytes * (k.pseudo_gradient + k.outer_step)
+                   + max(0.0, allreduce - hidden))
         return Timing(round_s / self.sync_every, allreduce / self.sync_every)
 
 

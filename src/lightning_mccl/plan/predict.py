@@ -14,13 +14,13 @@ from .link import Link
 from .methods import BF16, DDP, DiLoCo, Int8, METHODS, PowerSGD
 from .profile import Profile
 
-# MCCLStrategy's defaults (lightning/strategy.py: MCCL_BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB;
+# MCCLStrategy's defaults (lightning/group.py: BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB;
 # lightning/compress.py: POWERSGD_DEFAULTS' rank), repeated here so that planning needs no torch;
 # tests/unit/test_plan_model.py checks that they agree.
 BUCKET_MB = 5.0
 POWERSGD_BUCKET_MB = 1000.0
 POWERSGD_RANK = 1
-# DiLoCo's inner steps per outer sync: give the H you train with (--sync-every).
+# DiLoCo's inner steps per outer sync (configs/vit_fleet24_diloco.yaml's): give the H you train with.
 SYNC_EVERY = 8
 
 
@@ -32,7 +32,8 @@ class Settings:
     powersgd_rank: int = POWERSGD_RANK
     powersgd_bucket_mb: float = POWERSGD_BUCKET_MB
     sync_every: int = SYNC_EVERY
-    diloco_bits: int = 16
+    sync_delay: int = 1  # MCCLStrategy's default
+    diloco_wire: str = "bf16"  # DiLoCo's compress: float32 (None), bf16, int8
     int8_codec_Bps: Optional[float] = None  # the engine's int8 codec rate, wire bytes/s (None: the link's)
 
 
@@ -42,7 +43,7 @@ def build_methods(names: Sequence[str], s: Settings) -> list:
             "bf16": lambda: BF16(s.bucket_mb, s.first_bucket_mb),
             "int8": lambda: Int8(s.bucket_mb, s.first_bucket_mb, codec_Bps=s.int8_codec_Bps),
             "powersgd": lambda: PowerSGD(s.powersgd_rank, s.powersgd_bucket_mb, s.first_bucket_mb),
-            "diloco": lambda: DiLoCo(s.sync_every, s.diloco_bits)}
+            "diloco": lambda: DiLoCo(s.sync_every, s.sync_delay, s.diloco_wire, s.int8_codec_Bps)}
     unknown = [n for n in names if n not in make]
     if unknown:
         raise ValueError(f"unknown method {', '.join(map(repr, unknown))} (use {', '.join(METHODS)})")

@@ -56,13 +56,11 @@ class PowerSGDCost:
 @dataclass(frozen=True)
 class Kernels:
     """The methods' work on the device, seconds per byte of float32 gradient: the bf16 hook's cast (and
-    division) before its allreduce and the copy back after; int8's error feedback and blockwise quantisation
-    before, the dequantisation after; DiLoCo's pseudo-gradient (anchor - weights, to bf16) and its outer
-    Nesterov step (weights and anchor updated). `powersgd`: by rank."""
+    division) before its allreduce and the copy back after; DiLoCo's pseudo-gradient (anchor - weights) and
+    its outer Nesterov step (anchor and weights updated). `powersgd`: by rank. (int8 quantises in the
+    engine, on the CPU, as it sends: docs/int8.md.)"""
     bf16_encode: float = 0.0
     bf16_decode: float = 0.0
-    int8_encode: float = 0.0
-    int8_decode: float = 0.0
     pseudo_gradient: float = 0.0
     outer_step: float = 0.0
     powersgd: Dict[int, PowerSGDCost] = field(default_factory=dict)
@@ -154,7 +152,7 @@ class Profile:
         return None
 
 
-_KERNEL_FIELDS = ("bf16_encode", "bf16_decode", "int8_encode", "int8_decode", "pseudo_gradient", "outer_step")
+_KERNEL_FIELDS = ("bf16_encode", "bf16_decode", "pseudo_gradient", "outer_step")
 
 
 def save(profile: Profile, path: str) -> None:

@@ -29,6 +29,7 @@ class Collective:
     nbytes: float  # as they travel
     before_s: float = 0.0  # device work queued before it (computing its input)
     rate_Bps: Optional[float] = None  # a codec that moves the bytes slower than the link
+    exchange: bool = False  # the 8-bit reduce-once exchange instead of the engine's allreduce (link.py)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def bucketed_step(chains: Sequence[Chain], backward_s: float, optimizer_s: float
             if c.before_s:
                 t = max(t, device_free) + c.before_s
                 device_free = t
-            cost = link.allreduce_s(c.nbytes, n, chain.hook, c.rate_Bps)
+            cost = link.allreduce_s(c.nbytes, n, chain.hook, c.rate_Bps, c.exchange)
             t = max(t, engine_free) + cost
             engine_free, comm = t, comm + cost
         if chain.after_s:
