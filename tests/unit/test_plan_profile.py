@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lightning_mccl.plan.buckets import MIB, assign  # noqa: E402
-from lightning_mccl.plan.measure import MeasureSpec, _combine, measure  # noqa: E402
+from lightning_mccl.plan.measure import MeasureError, MeasureSpec, _combine, measure  # noqa: E402
 from lightning_mccl.plan.models import ModelError, ModelSpec  # noqa: E402
 
 MODEL = '''
@@ -81,6 +81,12 @@ def test_the_profiles_order_buckets_as_torch_does(tiny):
 def test_processes_sharing_the_device_measure_together(tiny):
     prof = measure(spec(tiny, share=2))
     assert prof.share_device == 2 and prof.problem() is None and len(prof.params) == 6
+
+
+def test_a_sharing_process_that_fails_is_named_with_its_cause(tiny):
+    with pytest.raises(MeasureError, match="profiling process [01] of 2 failed: ModelError: plan_tiny_model:Unfed "
+                                           "has no example_input_array"):
+        measure(spec(ModelSpec("plan_tiny_model:Unfed"), share=2))
 
 
 def test_a_model_without_example_input_is_named(tiny):

@@ -125,7 +125,9 @@ def _child(spec: MeasureSpec, index: int, barrier, results) -> None:
 
 
 def _shared(spec: MeasureSpec) -> List[dict]:
-    """run_steps in spec.share_device processes at once (spawned: a fresh torch each, as the ranks)."""
+    """run_steps in spec.share_device processes at once (spawned: a fresh torch each, as the ranks). A process
+    that fails leaves the barrier broken for the others; the error reported is the first process's own cause,
+    not the others' broken barrier. A process that dies without a word is named with its exit code."""
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(spec.share_device), ctx.Queue()
     procs = [ctx.Process(target=_child, args=(spec, i, barrier, results), name=f"mccl-plan-profile-{i}")
@@ -133,23 +135,36 @@ def _shared(spec: MeasureSpec) -> List[dict]:
     for p in procs:
         p.start()
     runs: List[Optional[dict]] = [None] * len(procs)
+    errors: List[Tuple[int, str]] = []
+    reported = set()
     deadline = time.monotonic() + spec.timeout_s
     try:
-        for _ in procs:
+        while len(reported) < len(procs):
             try:
-                index, run, error = results.get(timeout=max(1.0, deadline - time.monotonic()))
+                index, run, error = results.get(timeout=1.0)
             except queue_module.Empty:
-                raise MeasureError(f"the {spec.share_device} profiling processes did not finish within "
-                                   f"{spec.timeout_s:g} s") from None
-            if error:
-                raise MeasureError(f"profiling process {index} of {spec.share_device} failed: {error}")
+                dead = [i for i, p in enumerate(procs) if i not in reported and p.exitcode is not None]
+                if dead and not errors:
+                    errors += [(i, f"exited with code {procs[i].exitcode} before reporting") for i in dead]
+                if errors or time.monotonic() > deadline:
+                    break
+                continue
+            reported.add(index)
             runs[index] = run
+            if error:
+                errors.append((index, error))
+                deadline = min(deadline, time.monotonic() + 10.0)  # the others' reports of the broken barrier
     finally:
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
                 p.terminate()
                 p.join()
+    if errors:
+        index, error = next((e for e in errors if not e[1].startswith("BrokenBarrierError")), errors[0])
+        raise MeasureError(f"profiling process {index} of {spec.share_device} failed: {error}")
+    if len(reported) < len(procs):
+        raise MeasureError(f"the {spec.share_device} profiling processes did not finish within {spec.timeout_s:g} s")
     return runs
 
 
