@@ -27,6 +27,10 @@
 #   algos           the algorithm table (csrc/engine/algorithms/select.cc): latency algorithms against rings
 #   sender nsocks   4 ranks on loopback: the sender thread, and connections per peer
 #   convergence     python3 benchmarks/convergence.py --device cuda --out DIR $CONVERGENCE_ARGS
+#   plan-profiles   mccl plan's profiles of ViT-B/16 on cuda, batch 8 and 32, with N processes sharing the GPU
+#                   for N in HOSTS (4 8 16), as the stand-in's N ranks (docs/scaling.md)
+#   plan-fleetN     the stand-in at N hosts, batch 32 and 8, every bucketed method of mccl plan (DDP, bf16
+#                   hook, int8, PowerSGD rank 1); plan-dilocoN: DiLoCo (DILOCO: mccl-bf16+diloco:H=8)
 # CONGESTION (cubic) is the emulated hosts' TCP congestion control; WIRE_RTOL (3e-2) the tolerance of the
 # wire types' results against float64.
 set -x
@@ -149,6 +153,19 @@ mccl:MCCL_RING_LOOKAHEAD_BYTES=512M:label=lookahead512M,gloo ;;
       --series mccl:MCCL_SEND_THREAD_BYTES=0:label=1-thread,mccl,mccl:MCCL_NSOCKS=2:label=nsocks2,mccl:MCCL_NSOCKS=4:label=nsocks4,gloo ;;
   convergence)
     py 550 benchmarks/convergence.py --device cuda --out "$R/convergence" ${CONVERGENCE_ARGS:-} ;;
+  plan-profiles)
+    for b in 8 32; do for n in ${HOSTS:-4 8 16}; do
+      py 150 -m lightning_mccl.cli plan --model vit_base_patch16_224 --batch $b --device cuda --share-device $n \
+        --hosts 1-48 --save-profile "$R/plan_profile_b${b}_share$n.json" --out "$R/plan_b${b}_share$n"
+    done; done ;;
+  plan-fleet[0-9]*)
+    n=${experiment#plan-fleet}
+    py 560 $F --hosts $n --steps 8 --batch 32 8 --powersgd-rank 1 --timeout $(T 560) --out "$R/plan_fleet$n" \
+      --series compute,mccl:bucket=5,mccl+bf16_hook:bucket=5,mccl+int8:bucket=5,mccl+powersgd_batched:bucket=1000 ;;
+  plan-diloco[0-9]*)
+    n=${experiment#plan-diloco}
+    py 300 $F --hosts $n --warmup 8 --steps 24 --batch 32 8 --timeout $(T 300) --out "$R/plan_diloco$n" \
+      --series compute,${DILOCO:-mccl-bf16+diloco:H=8} ;;
   *) echo "unknown experiment $experiment (see the head of $0)"; rc=2 ;;
   esac
 done
