@@ -41,7 +41,7 @@ from sweep import report  # noqa: E402
 # The CPU defaults (8 ranks on 2 cores, docs/convergence.md says how long): ViT-Tiny's patch embedding and head
 # around 4 blocks 128 wide, 16x16 images in 4x4 patches (0.81M parameters); 256 steps of 64 images.
 DEFAULT_MODEL_KWARGS = {"embed_dim": 128, "depth": 4, "num_heads": 4}
-# The task's defaults here: that ViT under synchronous DDP ends near 75% after the default budget
+# The task's defaults here: that ViT under synchronous DDP ends near 70% after the default budget
 # (docs/convergence.md, *The task*).
 TASK_DEFAULTS = {"classes": 32, "shift": 1.0, "noise": 0.1, "background": 0.2, "distractors": 1}
 
