@@ -2,6 +2,7 @@
 #   make demo   creates .venv, installs torch, Lightning and this package, then trains the ViT recipe (from
 #               scratch) on 2 local CPU ranks over loopback (configs/vit_local.yaml)
 #   make test   the same setup, then the engine's C++ tests (also under ASan+UBSan) and the pytest suite
+# and, for the inner loop, make test-quick: the engine's plain C++ tests and the Python tests not marked slow.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,8 +11,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.14.1
 TORCHVISION_SPEC ?= torchvision==0.29.1
 NPROC ?= 4
-# C++ test binaries run at once by ctest in make test-engine / test-sanitize: one more than the 2 cores,
-# since the failure and liveness tests mostly wait on their timeouts (ASan run: 57 s at -j3, 66 s at -j2)
+# C++ test binaries ctest runs at once (test-engine, test-sanitize, test-quick): one more than CI's 2 cores,
+# since the failure and liveness tests mostly wait on their timeouts (docs/testing.md, *How make test runs*).
 CTEST_JOBS ?= 3
 BIN := $(abspath $(VENV))/bin
 CMAKE := $(BIN)/cmake
@@ -39,13 +40,13 @@ LIGHTNING_OLDEST_TESTS ?= $(foreach run,mccl instance cli_string cli_class_path,
 LIGHTNING_OLDEST_SKIP ?= $(foreach name,CommMetrics MacFleetEnvironment,\
   --deselect 'tests/lightning/test_strategy_arguments.py::test_any_name_imported_first_registers_both_strategy_registries[$(name)]')
 
-.PHONY: demo bench bench-fleet reliability test test-engine test-sanitize test-tsan test-python test-lightning-oldest \
+.PHONY: demo bench bench-fleet reliability test test-quick test-engine test-sanitize test-tsan test-python test-lightning-oldest \
   build build-engine build-sanitize clean fuzz check-macos test-arm64 cross-toolchains
 
 # The build tools alone (.tools: the engine and the cross builds need nothing more), then torch and the rest.
 $(VENV)/.tools: Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q ninja cmake "setuptools>=64" wheel ziglang
+	$(PY) -m pip install -q ninja cmake "setuptools>=77" wheel ziglang
 	touch $@
 
 $(VENV)/.deps: $(VENV)/.tools pyproject.toml
@@ -84,11 +85,10 @@ test-engine: build-engine
 	$(BIN)/ctest --test-dir build/engine --output-on-failure -j $(CTEST_JOBS)
 
 # The sanitizer build runs every case on the smaller buffers of MCCL_TEST_QUICK (the same code paths, the
-# threaded reduction included), and fuzz_wire's driver on 50,000 mutated inputs (36 s for 200,000 under ASan);
-# test-engine runs the full sizes and 200,000 inputs. It stays at -O0: -O1 ran its tests in 38-41 s instead
-# of 60, but took 137 s to build instead of 69. It compiles the engine in units of 16 files (as setup.py
-# compiles it in one): 97 s of CPU instead of 135; the plain build keeps one file per unit, which checks that
-# each includes what it uses.
+# threaded reduction included), and fuzz_wire's driver on 50,000 mutated inputs (test-engine: the full sizes
+# and 200,000 inputs); at -O0, with the engine compiled in units of 16 files (the plain build keeps one file
+# per unit, which checks that each includes what it uses). Why these values: docs/testing.md, *How make test
+# runs*.
 test-sanitize: build-sanitize
 	MCCL_TEST_QUICK=1 $(BIN)/ctest --test-dir build/asan --output-on-failure -j $(CTEST_JOBS)
 
@@ -108,12 +108,17 @@ test-tsan: $(VENV)/.tools
 	$(CMAKE) --build build/tsan
 	$(BIN)/ctest --test-dir build/tsan --output-on-failure
 
-# pytest in PYTEST_WORKERS processes (pytest-xdist), each test file in one of them: on 2 cores the suite's
-# ranks leave a third of the CPU idle alone (620 s), 432-476 s in 2 workers (docs/testing.md).
+# pytest in PYTEST_WORKERS processes (pytest-xdist), each test file in one of them: on 2 cores one worker's
+# ranks leave a third of the CPU idle (docs/testing.md, *How make test runs*). Cases marked slow
+# (pyproject.toml) run in make test, not in make test-quick.
 PYTEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 test-python: build
 	$(PYTEST) tests --durations=20
+
+test-quick: build-engine build
+	$(BIN)/ctest --test-dir build/engine --output-on-failure -j $(CTEST_JOBS)
+	$(PYTEST) -m "not slow" tests --durations=10
 
 $(LIGHTNING_OLDEST_DIR): $(VENV)/.deps
 	$(PY) -m pip install -q --no-deps --upgrade --target $@ "lightning==$(LIGHTNING_OLDEST)"
@@ -139,12 +144,12 @@ test-arm64: $(VENV)/.tools
 	$(PY) tools/cross.py arm64
 
 
-# Torch's install leaves a core idle: zig builds the C++ runtime and musl for arm64 Linux beside it (130 s on
-# one core alone, which test-arm64 would otherwise spend first; for macOS only compiler-rt, since check-macos
-# links no C++ runtime), and the engine's two builds take what the two leave. The engine's tests then run
-# alone: their heartbeat timeouts of 0.6 s are missed on a busy machine. The cross builds (zig, mostly one
-# thread each) and the torch binding's build share the cores; pytest runs in its workers. Each stage prints
-# its wall time (2 cores: docs/testing.md).
+# Torch's install leaves a core idle: zig builds the C++ runtime and musl for arm64 Linux beside it (which
+# test-arm64 would otherwise build first; for macOS only compiler-rt, since check-macos links no C++ runtime),
+# and the engine's two builds take what the two leave. The engine's tests then run alone: their heartbeat
+# timeouts of 0.6 s are missed on a busy machine. The cross builds (zig, mostly one thread each) and the torch
+# binding's build share the cores; pytest runs in its workers. Each stage prints its wall time (each stage's
+# time on CI's 2 cores: docs/testing.md, *How make test runs*).
 ELAPSED = echo "make test: $(1) in $$(( $$(date +%s) - t )) s"
 test: $(VENV)/.tools
 	t=$$(date +%s); $(MAKE) -j4 $(VENV)/.deps cross-toolchains build-engine build-sanitize && $(call ELAPSED,installs and engine builds)

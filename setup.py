@@ -15,9 +15,9 @@ MODULE = "csrc/torch/module.cpp"  # pybind11's headers: its own translation unit
 def unity(name: str, sources: list) -> str:
     """One translation unit that includes `sources` (build/unity/NAME), rewritten only when its list changes.
 
-    torch's headers take most of a binding file's compile time (about 10 of its 11-17 s at -O3 on a 2-core
-    VM: docs/testing.md), so the binding (but its pybind11 module) compiles as one unit, and the engine as
-    another: 3 units instead of 44. The engine's files still compile one by one in its CMake build and in
+    torch's headers take most of a binding file's compile time (docs/testing.md, *How make test runs*), so
+    the binding (but its pybind11 module) compiles as one unit, and the engine as another: 3 units instead of
+    one per file. The engine's files still compile one by one in its CMake build and in
     the cross builds (tools/cross.py), so none of them can lean on another's includes unseen."""
     path = os.path.join("build", "unity", name)
     text = "".join(f'#include "{os.path.abspath(src)}"\n' for src in sources)
@@ -29,8 +29,8 @@ def unity(name: str, sources: list) -> str:
 
 debug = os.environ.get("MCCL_BUILD_DEBUG", "0") == "1"
 # No -std here: torch.utils.cpp_extension picks the standard the installed torch needs (C++17 or C++20).
-# The release build drops the -g that Python's own CFLAGS bring (torch's headers make the debug info of the
-# binding huge: about a third of its compile time, and 35 MB of the .so); MCCL_BUILD_DEBUG=1 keeps it.
+# The release build drops the -g that Python's own CFLAGS bring (torch's headers make the binding's debug info
+# a large part of its compile time and size: docs/testing.md, *How make test runs*); MCCL_BUILD_DEBUG=1 keeps it.
 flags = ["-O0", "-g"] if debug else ["-O3", "-g0"]
 flags += ["-Wall", "-Wno-unused-parameter", "-fvisibility=hidden"]
 if platform.system() == "Darwin":

@@ -5,6 +5,7 @@
     python benchmarks/allreduce.py --op allgather --min 64K --max 16M --step-factor 4
     python benchmarks/allreduce.py --op all                               # every collective, one launch
     python benchmarks/allreduce.py --series mccl,mccl:MCCL_WIRE_DTYPE=bf16:rtol=3e-2,gloo
+    python benchmarks/allreduce.py --op allreduce,allreduce_int8 --series mccl,mccl:MCCL_WIRE_DTYPE=bf16:rtol=3e-2:label=bf16
 
 For every size, each series first runs the collective once on known inputs and is checked against a float64
 reference; then the series take turns, repetition by repetition, each timed as barrier + one collective,
@@ -172,10 +173,11 @@ def worker(spec_path: str) -> int:
     groups = init_groups(series, spec["pg_timeout"])
     rows = []
     for op in spec["ops"]:
-        for size in spec["sizes"]:
+        those = runs_op(op, series)
+        for size in spec["sizes"] if those else []:
             runners = {s.label: (lambda bufs, g=groups[s.label]: bufs.run(g),
-                                 lambda g=groups[s.label]: dist.barrier(group=g)) for s in series}
-            rows += measure(op, size, series, runners, dist_max_reduce, dist.get_rank(), dist.get_world_size(),
+                                 lambda g=groups[s.label]: dist.barrier(group=g)) for s in those}
+            rows += measure(op, size, those, runners, dist_max_reduce, dist.get_rank(), dist.get_world_size(),
                             spec, dtype, sum_reduce=dist_sum_over_hosts)
     if dist.get_rank() == 0:
         _write_result(spec, rows)
@@ -190,13 +192,26 @@ def mpi_worker(spec: dict, series: list, dtype) -> int:
     c = mpi.comm()
     rows = []
     for op in spec["ops"]:
-        for size in spec["sizes"]:
+        for size in spec["sizes"] if runs_op(op, series) else []:
             runners = {s.label: (lambda bufs, op=op: mpi.run(op, bufs, c), c.Barrier) for s in series}
             rows += measure(op, size, series, runners, mpi.max_reduce(c), c.Get_rank(), c.Get_size(), spec, dtype)
     if c.Get_rank() == 0:
         _write_result(spec, rows)
     c.Barrier()
     return 0
+
+
+def runs_op(op: str, series: list) -> list:
+    """The series that run `op`: allreduce_int8 is mccl's alone (the others are skipped, said once)."""
+    from sweep.rank import say
+
+    if op != "allreduce_int8":
+        return list(series)
+    those = [s for s in series if s.backend == "mccl"]
+    skipped = [s.label for s in series if s.backend != "mccl"]
+    if skipped:
+        say(f"allreduce_int8 is mccl's 8-bit allreduce: not run by {', '.join(skipped)}")
+    return those
 
 
 def _write_result(spec: dict, rows: list) -> None:
@@ -281,7 +296,7 @@ def result_table(rows: list, baseline: str, with_op: bool) -> report.Table:
     return cols, cells
 
 
-BUS_FACTORS = {"allreduce": "2(n-1)/n", "broadcast": "1", "reduce": "1"}
+BUS_FACTORS = {"allreduce": "2(n-1)/n", "allreduce_int8": "2(n-1)/n", "broadcast": "1", "reduce": "1"}
 
 
 def write_outputs(out: str, rows: list, header: dict, ops: list, labels: list, baseline: str, log,

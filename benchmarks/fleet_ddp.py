@@ -4,6 +4,8 @@ emulated switch, with every way to send the gradients compared in the same proce
     python benchmarks/fleet_ddp.py --nproc 2 --device cpu --model vit_tiny_patch16_224 --img-size 32
     python benchmarks/fleet_ddp.py --hosts 8 --rate 10gbit --device cuda --batch 32 8     # GPU host (root)
     python benchmarks/fleet_ddp.py --hosts 8 --series compute,mccl,mccl:bucket=100,mccl:view:static
+    python benchmarks/fleet_ddp.py --hosts 8 --rate 10gbit --device cuda --steps 64 --warmup 4 \
+        --series compute,gloo+bf16_hook,mccl-bf16+diloco:H=16,mccl-bf16+diloco:H=32      # DiLoCo: whole rounds
     python benchmarks/fleet_ddp.py --nproc 2 4 --device cpu --model vit_small_patch16_224 --img-size 32 \
         --patch-size 8 --num-classes 10 --batch 4 --series compute,mccl,gloo          # `make bench`: CPU cores
 
@@ -16,7 +18,9 @@ at roughly the rate of one Mac's GPU; mps; cpu), on synthetic data, with the mod
 once per series. The series (sweep/ddp_series.py: compute only, mccl, mccl with wire compression, Gloo, mccl
 with torch's comm hooks, DDP settings) take turns step by step on the same data, each step timed as barrier,
 zero_grad, forward, backward (DDP's allreduce overlaps it), optimizer step and a device synchronize; the
-slowest rank's time counts. Reported: median step time, samples/s, efficiency (compute-only step / step),
+slowest rank's time counts (a DiLoCo series' steps run one after another: sweep/ddp_rank.py). Reported: the
+step time (the median; for DiLoCo the mean per inner step over whole rounds), samples/s, efficiency (compute-only
+step / step),
 exposed communication (step - compute), the ring's time on the wire at the link rate (2(n-1)/n x gradient
 bytes / TCP goodput; half of it with 16-bit gradients), and the weights' difference from the first exact series.
 """
@@ -93,6 +97,10 @@ def main(argv=None) -> int:
         parser.error("DDP needs at least 2 ranks")
     if args.warmup < (2 if any(s.powersgd for s in series) else 1):
         parser.error("--warmup: at least 1 step, 2 with PowerSGD (it compresses from the third step on)")
+    for s in series:
+        if s.diloco and not s.whole_rounds(args.warmup, args.steps):
+            parser.error(f"--steps: {s.label} needs whole rounds of {s.sync_every} steps in the timed steps, after "
+                         f"a first round (e.g. --warmup {s.sync_every} --steps {s.sync_every * 2})")
     if args.switch and (len(counts) > 1 or args.hosts):
         parser.error("--switch runs on the hosts that are up: give one --nproc, no --hosts")
     out = args.out or report.default_out_dir("fleet_ddp")
@@ -189,10 +197,11 @@ def finish_rows(rows: list, labels: list, baseline: str, failed: list) -> list:
     ratio to the baseline's samples/s at the same ranks and batch; a row per failed series."""
     out = []
     for r in rows:
-        r = dict(r, samples_per_s=r["world"] * r["batch_per_rank"] / r["time_median_s"])
+        step = r.get("step_s", r["time_median_s"])  # DiLoCo: the mean per inner step over whole rounds
+        r = dict(r, samples_per_s=r["world"] * r["batch_per_rank"] / step)
         c = r.get("compute_median_s")
-        r["efficiency"] = c / r["time_median_s"] if c else ""
-        r["exposed_comm_s"] = r["time_median_s"] - c if c else ""
+        r["efficiency"] = c / step if c else ""
+        r["exposed_comm_s"] = step - c if c else ""
         out.append(r)
     base = {(r["world"], r["batch_per_rank"]): r["samples_per_s"] for r in out if r["series"] == baseline}
     for r in out:

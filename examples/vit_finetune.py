@@ -14,9 +14,19 @@ import time
 _START = time.perf_counter()
 
 import lightning_mccl  # noqa: E402,F401  registers the "mccl" backend and Lightning strategy
-from lightning.pytorch.cli import LightningCLI  # noqa: E402
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback  # noqa: E402
 
 from lightning_mccl.recipes import ImageDataModule, ViTClassifier  # noqa: E402
+
+
+class SaveConfigWithLogs(SaveConfigCallback):
+    """LightningCLI's copy of the run's configuration, beside the logger's files (runs/NAME/version_N/config.yaml).
+    With the logger off (`--trainer.logger false`) there is no run directory, and nothing is written: LightningCLI's
+    own callback would write config.yaml into the working directory."""
+
+    def setup(self, trainer, pl_module, stage):
+        if trainer.logger is not None:
+            super().setup(trainer, pl_module, stage)
 
 
 class ViTCLI(LightningCLI):
@@ -28,7 +38,8 @@ class ViTCLI(LightningCLI):
 
 
 def main(args=None):
-    cli = ViTCLI(ViTClassifier, ImageDataModule, save_config_kwargs={"overwrite": True}, args=args)
+    cli = ViTCLI(ViTClassifier, ImageDataModule, save_config_callback=SaveConfigWithLogs,
+                 save_config_kwargs={"overwrite": True}, args=args)
     if cli.subcommand == "fit" and cli.trainer.is_global_zero:
         model, trainer = cli.model, cli.trainer
         acc = trainer.callback_metrics.get("val/acc")

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Run here (Debian/Ubuntu, x86-64) before a GPU-host run: fills the ignored folder .devtools with what that
+# Run here (Debian/Ubuntu, x86-64) before a GPU-host call: fills the ignored folder .devtools with what that
 # machine lacks (it has torch, Lightning and timm but no ip/tc and no jsonargparse, and reaches no network):
 # ip and tc with their libraries and this machine's glibc loader (wrap/ runs them with it, so nothing else
-# there sees these libraries), and the wheels of LightningCLI's jsonargparse. With a commit as argument (prepare.sh COMMIT), also that
-# commit's sources in .devtools/old, for before_after.sh. Then carry ".devtools".
+# there sees these libraries), and the wheels of LightningCLI's jsonargparse. With a commit as argument
+# (prepare.sh COMMIT), also that commit's sources in .devtools/old, for run.sh's before-after. Then carry
+# ".devtools" and call run.sh (README.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 D=.devtools
@@ -16,8 +17,7 @@ for b in ip tc; do
   chmod +x $D/wrap/$b
 done
 python3 -m pip download -q --no-deps -d $D/wheels "jsonargparse[signatures]" docstring-parser typeshed-client
-cp benchmarks/gpu_host/setup.sh $D/setup.sh
-# prepare.sh COMMIT: that commit's sources too, in .devtools/old, for before_after.sh to build and compare against
+# prepare.sh COMMIT: that commit's sources too, in .devtools/old, for run.sh before-after to build and compare against
 if [ -n "${1:-}" ]; then
   rm -rf $D/old && mkdir -p $D/old && git archive "$1" csrc src setup.py pyproject.toml | tar x -C $D/old
 fi

@@ -1,5 +1,10 @@
 """One rank of benchmarks/fleet_ddp.py: builds one model per series (same seed), times their training steps in
-turns on the same synthetic data, and compares the final weights with the reference series'."""
+turns on the same synthetic data, and compares the final weights with the reference series'.
+
+A DiLoCo series (ddp_series.py) runs all its steps one after another instead (series by series in its launch),
+so that its outer allreduce overlaps its own next steps only; its step time is the mean per inner step over the
+whole rounds in the timed steps (each round's steps, its allreduce's start and the apply of the round before),
+which the samples/s and the efficiency use; `inner_median_s` is the median of those steps."""
 from __future__ import annotations
 
 import json
@@ -38,7 +43,10 @@ def _model(spec: dict, device):
 
 
 def _wrap(s: DDPSeries, model, group, spec: dict):
-    """DistributedDataParallel on the series' group, with its settings and comm hook."""
+    """DistributedDataParallel on the series' group, with its settings and comm hook; a DiLoCo series' model
+    stays unwrapped (its DiLoCo is made by `_outer`)."""
+    if s.diloco:
+        return model
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -47,12 +55,25 @@ def _wrap(s: DDPSeries, model, group, spec: dict):
         ddp.register_comm_hook(group, default_hooks.bf16_compress_hook)
     elif s.hook == "fp16_hook":
         ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
+    elif s.hook == "int8":
+        from lightning_mccl.int8 import Int8State, int8_hook
+
+        ddp.register_comm_hook(Int8State(group), int8_hook)
     elif s.powersgd:
         state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=spec["powersgd_rank"],
                                             start_powerSGD_iter=2, use_error_feedback=True, warm_start=True,
                                             batch_tensors_with_same_shape=s.hook == "powersgd_batched")
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     return ddp
+
+
+def _outer(s: DDPSeries, model, group):
+    """The DiLoCo of a DiLoCo series, every rank starting from rank 0's weights."""
+    from lightning_mccl.diloco import AllreduceMean, DiLoCo
+
+    outer = DiLoCo(model, s.sync_every, sync_delay=s.sync_delay, averaging=AllreduceMean(group))
+    outer.broadcast()
+    return outer
 
 
 def worker(spec_path: str) -> int:
@@ -63,7 +84,7 @@ def worker(spec_path: str) -> int:
     with open(spec_path) as f:
         spec = json.load(f)
     series = [DDPSeries.from_json(s) for s in spec["series"]]
-    timed = {k for k, s in enumerate(series) if s.backend == "mccl"}
+    timed = {k for k, s in enumerate(series) if s.backend == "mccl" and not s.diloco}
     # Read once, after the last step: reading it between steps (thousands of dicts each time) slowed every
     # series' steps, Gloo's too. So it holds every collective of the run (fewer than 1000 per step; the engine
     # takes at most a million, and latest_ready() fails if that is too few).
@@ -78,6 +99,7 @@ def worker(spec_path: str) -> int:
     models = {s.label: (_model(spec, device) if s.backend == "none" else
                         _wrap(s, _model(spec, device), groups[s.backend], spec)) for s in series}
     opts = {k: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for k, m in models.items()}
+    outers = {s.label: _outer(s, models[s.label], groups[s.backend]) for s in series if s.diloco}
     labels = list(models)
     start = _flat(_model(spec, torch.device("cpu")))
     params = start.numel()
@@ -100,27 +122,33 @@ def worker(spec_path: str) -> int:
         clock_ns = lightning_mccl.clock_ns
     else:
         clock_ns = lambda: 0  # noqa: E731
-    for i in range(total):
+    if outers:  # series by series (module docstring)
+        order = [(i, k) for k in range(len(labels)) for i in range(total)]
+    else:  # in turns, step by step
+        order = [(i, (i + j) % len(labels)) for i in range(total) for j in range(len(labels))]
+    for i, k in order:
         x, y = batch(i)
-        for j in range(len(labels)):
-            k = (i + j) % len(labels)
-            sync()
-            tcp0 = tcp_counters.read()
-            dist.barrier()
-            t0, t0_ns, cpu0 = time.perf_counter(), clock_ns(), cpu_counters.read()
-            opts[labels[k]].zero_grad(set_to_none=True)
-            F.cross_entropy(models[labels[k]](x), y).backward()
-            opts[labels[k]].step()
-            sync()
-            t1_ns, cpu1 = clock_ns(), cpu_counters.read()
-            if i >= spec["warmup"]:
-                cpu[i - spec["warmup"], k] = torch.tensor(cpu_counters.delta(cpu0, cpu1), dtype=torch.float64)
-                times[i - spec["warmup"], k] = time.perf_counter() - t0
-                tcp[i - spec["warmup"], k] = torch.tensor(tcp_counters.read(), dtype=torch.float64) - torch.tensor(tcp0)
-                if k in timed:
-                    windows[k].append((t0_ns, t1_ns))
-        if i == spec["warmup"] - 1 or i == total - 1:
+        sync()
+        tcp0 = tcp_counters.read()
+        dist.barrier()
+        t0, t0_ns, cpu0 = time.perf_counter(), clock_ns(), cpu_counters.read()
+        opts[labels[k]].zero_grad(set_to_none=True)
+        F.cross_entropy(models[labels[k]](x), y).backward()
+        opts[labels[k]].step()
+        if labels[k] in outers:
+            outers[labels[k]].step()
+        sync()
+        t1_ns, cpu1 = clock_ns(), cpu_counters.read()
+        if i >= spec["warmup"]:
+            cpu[i - spec["warmup"], k] = torch.tensor(cpu_counters.delta(cpu0, cpu1), dtype=torch.float64)
+            times[i - spec["warmup"], k] = time.perf_counter() - t0
+            tcp[i - spec["warmup"], k] = torch.tensor(tcp_counters.read(), dtype=torch.float64) - torch.tensor(tcp0)
+            if k in timed:
+                windows[k].append((t0_ns, t1_ns))
+        if (i == spec["warmup"] - 1 or i == total - 1) and (not outers or k == len(labels) - 1):
             say(f"{world} ranks, batch {spec['batch']}: step {i + 1}/{total}")
+    for outer in outers.values():
+        outer.finish()
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
     dist_sum_over_hosts(tcp)  # every host's losses in the step (only the barrier's frames besides the step's)
     # each timed step's parts (ddp_timeline.py), the mean over the ranks
@@ -143,10 +171,16 @@ def worker(spec_path: str) -> int:
                "env": " ".join(f"{a}={b}" for a, b in s.extra_env), "params": params,
                "grad_bytes": grad_bytes, **summarize(times[:, k].tolist()), "compute_median_s": compute,
                **tcp_counters.columns(tcp[:, k].sum(0).tolist())}
+        row["step_s"] = row["time_median_s"]  # what samples/s and the efficiency use
+        if s.diloco:
+            rounds = s.whole_rounds(spec["warmup"], spec["steps"])
+            row.update(sync_every=s.sync_every, sync_delay=s.sync_delay, rounds_timed=len(rounds) // s.sync_every,
+                       step_s=float(times[rounds.start:rounds.stop, k].mean()),
+                       inner_median_s=summarize(times[rounds.start:rounds.stop, k].tolist())["time_median_s"])
         if k in timed:
             row.update(ddp_timeline.summarize([dict(zip(ddp_timeline.PARTS, p.tolist())) for p in parts[:, k]]))
         if rank == 0 and s.backend != "none":
-            row.update(_compare(s, _flat(models[s.label].module), start, spec))
+            row.update(_compare(s, _flat(getattr(models[s.label], "module", models[s.label])), start, spec))
         rows.append(row)
     if rank == 0:
         with open(spec["result"], "w") as f:
@@ -176,8 +210,8 @@ def _flat(model):
 
 def _compare(s: DDPSeries, weights, start, spec: dict) -> dict:
     """The reference series saves its weights (the first launch); every other series is compared with them:
-    |w - w_ref| / |w_ref - w_start|, within EXACT_TOL, COMPRESSED_TOL for 16-bit gradients, PowerSGD
-    reported only (a low-rank approximation trains differently by design)."""
+    |w - w_ref| / |w_ref - w_start|, within EXACT_TOL, COMPRESSED_TOL for 16-bit gradients, PowerSGD and DiLoCo
+    reported only (a low-rank approximation and local steps train differently by design)."""
     import torch
 
     if s.label == spec["ref"]:
@@ -187,6 +221,6 @@ def _compare(s: DDPSeries, weights, start, spec: dict) -> dict:
         return {}
     ref = torch.load(spec["ref_path"])
     rel = float((weights - ref).norm() / (ref - start).norm().clamp_min(1e-30))
-    tol = None if s.powersgd else COMPRESSED_TOL if s.compressed else EXACT_TOL
+    tol = None if s.alone else COMPRESSED_TOL if s.compressed else EXACT_TOL
     return {"weights_vs": spec["ref"], "weights_rel_diff": rel, "weights_tol": tol if tol else "",
             "weights_match": "approx" if tol is None else "yes" if rel <= tol else "NO"}

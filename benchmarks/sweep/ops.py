@@ -6,6 +6,10 @@ factor that makes busbw comparable to the link speed whatever the algorithm:
 
     allreduce 2(n-1)/n     allgather, reduce_scatter, alltoall (n-1)/n     broadcast, reduce 1
 
+allreduce_int8 is mccl's 8-bit allreduce (lightning_mccl.int8, no error feedback here) of float32 data: size
+and busbw count the float32 buffer, as for allreduce, so the two compare directly (its wire carries a little
+over a quarter of those bytes).
+
 reduce is checked on its root (rank 0) only: torch leaves the other ranks' buffers undefined.
 
 Inputs: rank r's element j is v_r[j] = x[j] (1 + r) + r / 4, with x drawn from a seed every rank shares, so
@@ -32,6 +36,7 @@ class OpSpec:
 
 OPS: Dict[str, OpSpec] = {
     "allreduce": OpSpec("allreduce", lambda n: 2 * (n - 1) / n, False),
+    "allreduce_int8": OpSpec("allreduce_int8", lambda n: 2 * (n - 1) / n, False),
     "allgather": OpSpec("allgather", lambda n: (n - 1) / n, True),
     "reduce_scatter": OpSpec("reduce_scatter", lambda n: (n - 1) / n, True),
     "broadcast": OpSpec("broadcast", lambda n: 1.0, False),
@@ -65,7 +70,7 @@ class Buffers:
         elif op == "alltoall":
             self.inp = torch.empty(count, dtype=dtype)
             self.out = torch.empty(count, dtype=dtype)
-        else:  # allreduce, broadcast, reduce: in place
+        else:  # allreduce (int8 too), broadcast, reduce: in place
             self.inp = torch.empty(count, dtype=dtype)
             self.out = self.inp
         self.shard = shard
@@ -84,6 +89,10 @@ class Buffers:
     def run(self, group) -> None:
         if self.op == "allreduce":
             dist.all_reduce(self.inp, group=group)
+        elif self.op == "allreduce_int8":
+            from lightning_mccl import int8
+
+            int8.all_reduce(self.inp, None, "sum", group).wait()
         elif self.op == "broadcast":
             dist.broadcast(self.inp, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
         elif self.op == "reduce":
@@ -100,7 +109,7 @@ class Buffers:
     def expected(self, lo: int, hi: int) -> torch.Tensor:
         """Elements lo:hi of this rank's expected output, float64."""
         n, r = self.world, self.rank
-        if self.op == "allreduce" or (self.op == "reduce" and r == 0):
+        if self.op in ("allreduce", "allreduce_int8") or (self.op == "reduce" and r == 0):
             return sum(self.values(q, lo, hi) for q in range(n))
         if self.op == "reduce":  # not the root: not checked (check() skips it)
             return self.out[lo:hi].double()
@@ -127,13 +136,17 @@ class Buffers:
         return worst / scale if scale > 0 else worst
 
     def default_rtol(self) -> float:
-        """Rounding of n inputs and of the result in this dtype, with room (reductions reorder sums)."""
+        """Rounding of n inputs and of the result in this dtype, with room (reductions reorder sums); 8 bits: each
+        input and the sum encoded once, each within its block's largest magnitude / 252 (docs/int8.md), and the
+        inputs here share their signs, so that the sum's magnitude is the inputs' together: 4/252."""
+        if self.op == "allreduce_int8":
+            return 4 / 252
         return 4 * self.world * torch.finfo(self.dtype).eps
 
     def prepare_timing(self) -> None:
         """Timed runs reuse the buffers; an in-place allreduce or reduce would grow the values, so they run on
         zeros."""
-        if self.op in ("allreduce", "reduce"):
+        if self.op in ("allreduce", "allreduce_int8", "reduce"):
             self.inp.zero_()
         else:
             self.fill_input()

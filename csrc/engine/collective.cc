@@ -2,9 +2,6 @@
 
 #include <algorithm>
 
-#include "reduce.h"
-#include "reduce_pool.h"
-
 namespace mccl {
 
 FrameHeader Collective::frame(uint64_t offset, uint64_t count, uint32_t step) const {
@@ -15,10 +12,17 @@ FrameHeader Collective::frame(uint64_t offset, uint64_t count, uint32_t step) co
   return h;
 }
 
-// An entry with no request yet was taken and is still to be posted (wire_buffer() before send_narrowed()):
+// An entry with no request yet was taken and is still to be posted (an onward encoding before its send):
 // it is in use like one whose request is pending.
+bool WireBuffers::Entry::done() const {
+  if (!request || !request->done) return false;
+  for (const RequestPtr& other : others)
+    if (!other->done) return false;
+  return true;
+}
+
 char* WireBuffers::take(size_t bytes) {
-  while (!in_use_.empty() && !in_use_.front().kept && in_use_.front().request && in_use_.front().request->done) {
+  while (!in_use_.empty() && !in_use_.front().kept && in_use_.front().done()) {
     free_.push_back(std::move(in_use_.front().bytes));
     in_use_.pop_front();
   }
@@ -30,6 +34,13 @@ char* WireBuffers::take(size_t bytes) {
   if (entry.bytes.size() < bytes) entry.bytes.resize(bytes);
   in_use_.push_back(std::move(entry));
   return in_use_.back().bytes.data();
+}
+
+void WireBuffers::hold(RequestPtr request, bool kept) {
+  Entry& entry = in_use_.back();
+  if (entry.request) entry.others.push_back(std::move(entry.request));
+  entry.request = std::move(request);
+  entry.kept = kept;
 }
 
 // From the newest: the request asked about is one of the latest posted.
@@ -56,25 +67,31 @@ void WireBuffers::release_all() {
   in_use_.clear();
 }
 
+Collective::Collective(Transport& transport, const Config& config, size_t reduce_threads, std::vector<char>* scratch,
+                       WireBuffers* wire, FrameHeader identity, Deadline deadline, float* residual)
+    : transport_(transport), config_(config), scratch_(scratch), wire_(wire), identity_(identity), deadline_(deadline),
+      codec_(Codec::make(static_cast<WireType>(identity.wire_dtype), dtype(), op(), size(), reduce_threads, residual)),
+      element_size_(dtype_size(dtype())),
+      piece_bytes_(codec_->piece_elements(config.chunk_bytes) * element_size_) {}
+
 RequestPtr Collective::post_send(int peer, const FrameHeader& header, const void* data, size_t bytes) {
-  if (!compressed() || bytes == 0) return transport_.post_send(peer, header, data, bytes);
-  const size_t on_wire = wire_bytes(bytes);
+  if (codec_->in_place() || bytes == 0) return transport_.post_send(peer, header, data, bytes);
+  const size_t count = elements(bytes), on_wire = codec_->wire_bytes(count);
   char* wire = wire_->take(on_wire);
-  narrow_float32(wire, static_cast<const float*>(data), bytes / sizeof(float), wire_type(), reduce_threads_);
+  codec_->encode(wire, data, count, header.offset / element_size_);
   RequestPtr request = transport_.post_send(peer, header, wire, on_wire);
   wire_->hold(request);
   return request;
 }
 
 RequestPtr Collective::post_recv(int peer, const FrameHeader& header, void* data, size_t bytes, bool kept) {
-  if (!compressed() || bytes == 0) return transport_.post_recv(peer, header, data, bytes);
-  const size_t on_wire = wire_bytes(bytes);
+  if (codec_->in_place() || bytes == 0) return transport_.post_recv(peer, header, data, bytes);
+  const size_t count = elements(bytes), on_wire = codec_->wire_bytes(count);
   char* wire = wire_->take(on_wire);
-  auto widen = [wire, out = static_cast<float*>(data), count = bytes / sizeof(float), type = wire_type(),
-                threads = reduce_threads_](const Request&, std::exception_ptr error) {
-    if (!error) widen_to_float32(out, wire, count, type, threads);
+  auto decode = [wire, data, count, codec = codec_](const Request&, std::exception_ptr error) {
+    if (!error) codec->decode(data, wire, count);
   };
-  RequestPtr request = transport_.post_recv(peer, header, wire, on_wire, widen);
+  RequestPtr request = transport_.post_recv(peer, header, wire, on_wire, decode);
   wire_->hold(request, kept);
   return request;
 }
@@ -84,11 +101,15 @@ RequestPtr Collective::send(int peer, const void* data, size_t bytes, uint64_t o
 }
 
 RequestPtr Collective::recv(int peer, void* data, size_t bytes, uint64_t offset, uint32_t step) {
-  return post_recv(peer, frame(offset, identity_.count, step), data, bytes);
+  return post_recv(peer, frame(offset, identity_.count, step), data, bytes, /*kept=*/false);
 }
 
 RequestPtr Collective::send_counted(int peer, const void* data, size_t bytes, uint64_t count, uint32_t step) {
   return post_send(peer, frame(0, count, step), data, bytes);
+}
+
+RequestPtr Collective::recv_counted(int peer, void* data, size_t bytes, uint64_t count, uint32_t step) {
+  return post_recv(peer, frame(0, count, step), data, bytes, /*kept=*/false);
 }
 
 RequestPtr Collective::recv_to_forward(int peer, void* data, size_t bytes, uint64_t offset, uint32_t step) {
@@ -98,72 +119,59 @@ RequestPtr Collective::recv_to_forward(int peer, void* data, size_t bytes, uint6
 RequestPtr Collective::forward(int peer, const RequestPtr& received, uint64_t offset, uint32_t step) {
   RequestPtr request = transport_.post_send(peer, frame(offset, identity_.count, step), received->data,
                                             received->length);
-  if (compressed() && received->length > 0) wire_->pass_on(received, request);
+  if (!codec_->in_place() && received->length > 0) wire_->pass_on(received, request);
   return request;
 }
 
-RequestPtr Collective::recv_for_reduce(int peer, void* landing, size_t bytes, uint64_t offset, uint32_t step) {
-  const FrameHeader header = frame(offset, identity_.count, step);
-  if (!compressed()) return transport_.post_recv(peer, header, landing, bytes);
-  const size_t on_wire = wire_bytes(bytes);  // an empty piece too: `landing` may be null
-  RequestPtr request = transport_.post_recv(peer, header, wire_->take(on_wire), on_wire);
-  wire_->hold(request, /*kept=*/true);  // until reduce_received has read it
+RequestPtr Collective::recv_to_reduce(int peer, size_t bytes, uint64_t offset, uint32_t step) {
+  const size_t on_wire = codec_->wire_bytes(elements(bytes));
+  RequestPtr request = transport_.post_recv(peer, frame(offset, identity_.count, step), wire_->take(on_wire), on_wire);
+  wire_->hold(request, /*kept=*/true);  // until the reduction has read it
   return request;
 }
 
-char* Collective::wire_buffer(size_t bytes) {
-  if (!compressed() || bytes == 0) return nullptr;
-  return wire_->take(wire_bytes(bytes));
-}
-
-RequestPtr Collective::send_narrowed(int peer, const void* data, char* narrowed, size_t bytes, uint64_t offset,
-                                     uint32_t step) {
-  if (narrowed == nullptr) return send(peer, data, bytes, offset, step);
-  RequestPtr request = transport_.post_send(peer, frame(offset, identity_.count, step), narrowed, wire_bytes(bytes));
-  wire_->hold(request);  // the buffer wire_buffer() took last
-  return request;
-}
-
-void Collective::reduce(void* dst, const void* src, size_t count) const {
-  reduce_into(dst, src, count, dtype(), op(), reduce_threads_);
-}
-
-void Collective::reduce_piece(void* dst, const RequestPtr& received, size_t bytes, char* narrowed, bool final) {
-  const int divisor = final && op() == ReduceOp::kAvg ? size() : 1;
-  if (!compressed()) {
-    const size_t count = bytes / dtype_size(dtype());
-    reduce(dst, received->data, count);
-    if (divisor > 1) divide_by(dst, count, dtype(), divisor);
-    return;
-  }
-  const DataType type = wire_type();
-  const size_t wire_size = dtype_size(type);
-  constexpr size_t kTile = 4096;  // floats: 16 KiB, stays in L1 between the widen and the reduction
-  const char* src = received->data;
-  float* out = static_cast<float*>(dst);
-  // Each thread takes whole tiles of the piece: widen, reduce (divide, narrow, round), one pass over memory.
-  run_parts(bytes / sizeof(float), kSplitConversionsFrom, kTile, reduce_threads_, [&](size_t begin, size_t len) {
-    alignas(64) float tile[kTile];
-    for (size_t i = begin; i < begin + len; i += kTile) {
-      const size_t n = std::min(kTile, begin + len - i);
-      widen_to_float32(tile, src + i * wire_size, n, type, 1);
-      reduce_into(out + i, tile, n, DataType::kFloat32, op(), 1);
-      if (divisor > 1) divide_by(out + i, n, DataType::kFloat32, divisor);
-      if (!narrowed) continue;
-      narrow_float32(narrowed + i * wire_size, out + i, n, type, 1);
-      if (final) widen_to_float32(out + i, narrowed + i * wire_size, n, type, 1);
-    }
-  });
+void Collective::reduce_received(void* dst, const RequestPtr& received, size_t bytes, const void* own) {
+  codec_->reduce(dst, received->data, elements(bytes), received->header.offset / element_size_, Fold{nullptr, own});
   wire_->release(received);
 }
 
-RequestPtr Collective::recv_counted(int peer, void* data, size_t bytes, uint64_t count, uint32_t step) {
-  return post_recv(peer, frame(0, count, step), data, bytes);
+RequestPtr Collective::reduce_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward& to,
+                                       const void* own) {
+  std::vector<RequestPtr> sends;
+  fold_and_send(dst, received, bytes, &to, 1, Fold{nullptr, own, /*final=*/false}, &sends);
+  return sends.front();
 }
 
-void Collective::round_to_wire(void* data, size_t bytes) {
-  if (compressed() && bytes > 0)
-    round_float32_through(static_cast<float*>(data), bytes / sizeof(float), wire_type(), reduce_threads_);
+RequestPtr Collective::reduce_final_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward& to) {
+  std::vector<RequestPtr> sends;
+  fold_and_send(dst, received, bytes, &to, 1, Fold{nullptr, nullptr, /*final=*/true}, &sends);
+  return sends.front();
+}
+
+void Collective::reduce_final_and_send(void* dst, const RequestPtr& received, size_t bytes,
+                                       const std::vector<Onward>& to, std::vector<RequestPtr>* sends) {
+  fold_and_send(dst, received, bytes, to.data(), to.size(), Fold{nullptr, nullptr, /*final=*/true}, sends);
+}
+
+// In place, the result is sent from `dst` itself; otherwise it is encoded into a wire buffer in the same pass,
+// which every send of it holds.
+void Collective::fold_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward* to,
+                               size_t destinations, const Fold& how, std::vector<RequestPtr>* sends) {
+  const size_t count = elements(bytes), at = received->header.offset / element_size_;
+  const bool in_place = codec_->in_place();
+  const size_t on_wire = in_place ? bytes : codec_->wire_bytes(count);
+  char* onward = in_place ? nullptr : wire_->take(on_wire);
+  codec_->reduce(dst, received->data, count, at, Fold{onward, how.own, how.final});
+  wire_->release(received);
+  for (size_t k = 0; k < destinations; ++k) {
+    const FrameHeader header = frame(to[k].offset, identity_.count, to[k].step);
+    sends->push_back(transport_.post_send(to[k].peer, header, in_place ? dst : onward, on_wire));
+    if (!in_place) wire_->hold(sends->back());  // the buffer taken last: `onward`
+  }
+}
+
+void Collective::keep_as_sent(void* data, size_t bytes) {
+  if (bytes > 0) codec_->round(data, elements(bytes));
 }
 
 char* Collective::scratch(int slot, size_t bytes) {
@@ -174,12 +182,6 @@ char* Collective::scratch(int slot, size_t bytes) {
     buffer.resize(bytes);
   }
   return buffer.data();
-}
-
-size_t Collective::piece_bytes(size_t element_size) const {
-  const size_t on_wire = compressed() && element_size == sizeof(float) ? dtype_size(wire_type()) : element_size;
-  size_t elements = std::max<size_t>(1, config_.chunk_bytes / on_wire);
-  return elements * element_size;
 }
 
 }  // namespace mccl

@@ -9,16 +9,6 @@
 #include "thread_name.h"
 
 namespace mccl {
-namespace {
-thread_local std::function<void()> t_start_after;  // Communicator::StartAfter
-}  // namespace
-
-Communicator::StartAfter::StartAfter(std::function<void()> ready) : previous_(std::move(t_start_after)) {
-  t_start_after = std::move(ready);
-}
-
-Communicator::StartAfter::~StartAfter() { t_start_after = std::move(previous_); }
-
 Communicator::Communicator(Store& store, int rank, int size, std::chrono::milliseconds timeout,
                            const std::string& route_to, const Config& config)
     : config_(config), rank_(rank), size_(size), timeout_ms_(timeout.count()), timeline_(config_.timeline_entries) {
@@ -98,8 +88,16 @@ void Communicator::check_rank(int rank, const char* role, const char* what) cons
 
 // ---- the public operations ----------------------------------------------------------------------
 
-WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, int root, uint64_t count,
-                              std::function<void(Collective&)> body, Callback done) {
+// Only reductions (gradients) travel compressed: broadcast, gather and the like move data that must arrive
+// exact (DDP's broadcast of the initial weights, for one).
+Communicator::Wire Communicator::wire_of_setting(CollectiveKind kind, DataType dtype) const {
+  const bool reduction = kind == CollectiveKind::kAllreduce || kind == CollectiveKind::kReduce ||
+                         kind == CollectiveKind::kReduceScatter;
+  return {dtype == DataType::kFloat32 && reduction ? wire_type_of_setting(config_.wire_dtype) : WireType::kExact};
+}
+
+WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, int root, uint64_t count, Wire wire,
+                              std::function<void(Collective&)> body, Callback done, StartAfter start_after) {
   auto work = std::make_shared<Work>(std::move(done));
   work->count_waits_in(&stats_.of(static_cast<uint8_t>(kind)).wait_ns);
   bool wake;
@@ -114,84 +112,87 @@ WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, 
     id.reduce_op = static_cast<uint8_t>(op);
     id.root = static_cast<uint16_t>(root);
     id.count = count;
-    // Only reductions (gradients) travel compressed: broadcast, gather and the like move data that must
-    // arrive exact (DDP's broadcast of the initial weights, for one).
-    const bool reduction = kind == CollectiveKind::kAllreduce || kind == CollectiveKind::kReduce ||
-                           kind == CollectiveKind::kReduceScatter;
-    if (dtype == DataType::kFloat32 && config_.wire_dtype != DataType::kFloat32 && reduction)
-      id.wire_dtype = static_cast<uint8_t>(config_.wire_dtype);
-    order_->add(PendingCollective{id, std::move(body), work, t_start_after, Clock::now()}, order_);
+    id.wire_dtype = static_cast<uint8_t>(wire.type);
+    order_->add(PendingCollective{id, std::move(body), work, std::move(start_after), Clock::now(), wire.residual},
+                order_);
     wake = !spinning_;
   }
   if (wake) transport_->wake();
   return work;
 }
 
-WorkPtr Communicator::allreduce(void* buf, size_t count, DataType dtype, ReduceOp op, Callback done) {
+WorkPtr Communicator::allreduce(void* buf, size_t count, DataType dtype, ReduceOp op, Callback done,
+                                StartAfter start_after) {
   check_usable();
   check_reduction(dtype, op, "allreduce");
-  return enqueue(CollectiveKind::kAllreduce, dtype, op, 0, count,
-                 [=](Collective& c) { mccl::allreduce(c, buf, count); }, std::move(done));
+  return enqueue(CollectiveKind::kAllreduce, dtype, op, 0, count, wire_of_setting(CollectiveKind::kAllreduce, dtype),
+                 [=](Collective& c) { mccl::allreduce(c, buf, count); }, std::move(done), std::move(start_after));
 }
 
-WorkPtr Communicator::broadcast(void* buf, size_t count, DataType dtype, int root, Callback done) {
+WorkPtr Communicator::broadcast(void* buf, size_t count, DataType dtype, int root, Callback done,
+                                StartAfter start_after) {
   check_usable();
   dtype_size(dtype);
   check_rank(root, "root", "broadcast");
-  return enqueue(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, root, count,
-                 [=](Collective& c) { mccl::broadcast(c, buf, count, root); }, std::move(done));
+  return enqueue(CollectiveKind::kBroadcast, dtype, ReduceOp::kSum, root, count, Wire{},
+                 [=](Collective& c) { mccl::broadcast(c, buf, count, root); }, std::move(done), std::move(start_after));
 }
 
-WorkPtr Communicator::reduce(void* buf, size_t count, DataType dtype, ReduceOp op, int root, Callback done) {
+WorkPtr Communicator::reduce(void* buf, size_t count, DataType dtype, ReduceOp op, int root, Callback done,
+                             StartAfter start_after) {
   check_usable();
   check_reduction(dtype, op, "reduce");
   check_rank(root, "root", "reduce");
-  return enqueue(CollectiveKind::kReduce, dtype, op, root, count,
-                 [=](Collective& c) { mccl::reduce(c, buf, count, root); }, std::move(done));
+  return enqueue(CollectiveKind::kReduce, dtype, op, root, count, wire_of_setting(CollectiveKind::kReduce, dtype),
+                 [=](Collective& c) { mccl::reduce(c, buf, count, root); }, std::move(done), std::move(start_after));
 }
 
 WorkPtr Communicator::allgather(const void* in, size_t count, DataType dtype, std::vector<char*> outs,
-                                Callback done) {
+                                Callback done, StartAfter start_after) {
   check_usable();
   dtype_size(dtype);
   MCCL_CHECK_ARG(static_cast<int>(outs.size()) == size_, "rank ", rank_, ": allgather needs ", size_,
                  " output buffers (one per rank), got ", outs.size());
-  return enqueue(CollectiveKind::kAllgather, dtype, ReduceOp::kSum, 0, count,
-                 [=](Collective& c) { mccl::allgather(c, in, count, outs); }, std::move(done));
+  return enqueue(CollectiveKind::kAllgather, dtype, ReduceOp::kSum, 0, count, Wire{},
+                 [=](Collective& c) { mccl::allgather(c, in, count, outs); }, std::move(done), std::move(start_after));
 }
 
 WorkPtr Communicator::reduce_scatter(const void* in, size_t count, DataType dtype, ReduceOp op, void* out,
-                                     Callback done) {
+                                     Callback done, StartAfter start_after) {
   check_usable();
   check_reduction(dtype, op, "reduce_scatter");
   return enqueue(CollectiveKind::kReduceScatter, dtype, op, 0, count,
-                 [=](Collective& c) { mccl::reduce_scatter(c, in, count, out); }, std::move(done));
+                 wire_of_setting(CollectiveKind::kReduceScatter, dtype),
+                 [=](Collective& c) { mccl::reduce_scatter(c, in, count, out); },
+                 std::move(done), std::move(start_after));
 }
 
 WorkPtr Communicator::gather(const void* in, size_t count, DataType dtype, std::vector<char*> outs, int root,
-                             Callback done) {
+                             Callback done, StartAfter start_after) {
   check_usable();
   check_rank(root, "root", "gather");
   MCCL_CHECK_ARG(rank_ != root || static_cast<int>(outs.size()) == size_, "rank ", rank_, ": gather root needs ",
                  size_, " output buffers, got ", outs.size());
   const size_t bytes = count * dtype_size(dtype);
-  return enqueue(CollectiveKind::kGather, dtype, ReduceOp::kSum, root, count,
-                 [=](Collective& c) { mccl::gather(c, in, bytes, outs, root); }, std::move(done));
+  return enqueue(CollectiveKind::kGather, dtype, ReduceOp::kSum, root, count, Wire{},
+                 [=](Collective& c) { mccl::gather(c, in, bytes, outs, root); },
+                 std::move(done), std::move(start_after));
 }
 
 WorkPtr Communicator::scatter(std::vector<const char*> ins, void* out, size_t count, DataType dtype, int root,
-                              Callback done) {
+                              Callback done, StartAfter start_after) {
   check_usable();
   check_rank(root, "root", "scatter");
   MCCL_CHECK_ARG(rank_ != root || static_cast<int>(ins.size()) == size_, "rank ", rank_, ": scatter root needs ",
                  size_, " input buffers, got ", ins.size());
   const size_t bytes = count * dtype_size(dtype);
-  return enqueue(CollectiveKind::kScatter, dtype, ReduceOp::kSum, root, count,
-                 [=](Collective& c) { mccl::scatter(c, ins, out, bytes, root); }, std::move(done));
+  return enqueue(CollectiveKind::kScatter, dtype, ReduceOp::kSum, root, count, Wire{},
+                 [=](Collective& c) { mccl::scatter(c, ins, out, bytes, root); },
+                 std::move(done), std::move(start_after));
 }
 
 WorkPtr Communicator::alltoall(const void* in, std::vector<size_t> send_counts, void* out,
-                               std::vector<size_t> recv_counts, DataType dtype, Callback done) {
+                               std::vector<size_t> recv_counts, DataType dtype, Callback done, StartAfter start_after) {
   check_usable();
   dtype_size(dtype);
   MCCL_CHECK_ARG(static_cast<int>(send_counts.size()) == size_ && static_cast<int>(recv_counts.size()) == size_,
@@ -201,14 +202,25 @@ WorkPtr Communicator::alltoall(const void* in, std::vector<size_t> send_counts, 
                  send_counts[rank_], " elements to itself but expects to receive ", recv_counts[rank_]);
   uint64_t total = 0;
   for (size_t c : send_counts) total += c;
-  return enqueue(CollectiveKind::kAlltoall, dtype, ReduceOp::kSum, 0, total,
-                 [=](Collective& c) { mccl::alltoall(c, in, send_counts, out, recv_counts); }, std::move(done));
+  return enqueue(CollectiveKind::kAlltoall, dtype, ReduceOp::kSum, 0, total, Wire{},
+                 [=](Collective& c) { mccl::alltoall(c, in, send_counts, out, recv_counts); },
+                 std::move(done), std::move(start_after));
 }
 
-WorkPtr Communicator::barrier(Callback done) {
+WorkPtr Communicator::allreduce_int8(float* buf, size_t count, ReduceOp op, float* residual, Callback done,
+                                     StartAfter start_after) {
+  check_usable();
+  MCCL_CHECK_ARG(op == ReduceOp::kSum || op == ReduceOp::kAvg, "rank ", rank_, ": the 8-bit allreduce sums or "
+                 "averages, it does not support reduce op ", op_name(op));
+  return enqueue(CollectiveKind::kAllreduce, DataType::kFloat32, op, 0, count, Wire{WireType::kInt8Blocks, residual},
+                 [=](Collective& c) { mccl::allreduce(c, buf, count); }, std::move(done), std::move(start_after));
+}
+
+WorkPtr Communicator::barrier(Callback done, StartAfter start_after) {
   check_usable();
   return enqueue(CollectiveKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, 0,
-                 [](Collective& c) { mccl::barrier(c); }, std::move(done));
+                 wire_of_setting(CollectiveKind::kBarrier, DataType::kUInt8),
+                 [](Collective& c) { mccl::barrier(c); }, std::move(done), std::move(start_after));
 }
 
 // ---- the progress thread ------------------------------------------------------------------------
@@ -317,7 +329,7 @@ void Communicator::run_op(PendingCollective& op) {
         ready = Clock::now();
       }
       Collective c(*transport_, config_, reduce_threads_, scratch_, &wire_buffers_, op.identity,
-                   Clock::now() + timeout());
+                   Clock::now() + timeout(), op.residual);
       op.body(c);
       transport_->check_no_stray_frames(op.identity.seq);
     } catch (...) {

@@ -57,37 +57,39 @@ class Communicator {
   // The settings this communicator was made with (fixed for its lifetime).
   const Config& config() const { return config_; }
 
-  // Buffers must stay valid until the Work completes. Counts are elements of dtype.
-  WorkPtr allreduce(void* buf, size_t count, DataType dtype, ReduceOp op, Callback done = nullptr);
-  WorkPtr broadcast(void* buf, size_t count, DataType dtype, int root, Callback done = nullptr);
-  WorkPtr reduce(void* buf, size_t count, DataType dtype, ReduceOp op, int root, Callback done = nullptr);
-  WorkPtr allgather(const void* in, size_t count, DataType dtype, std::vector<char*> outs, Callback done = nullptr);
+  // Buffers must stay valid until the Work completes. Counts are elements of dtype. `done` runs when the
+  // collective ends (work.h); `start_after` (may be empty) runs on the progress thread right before it starts:
+  // the torch layer waits there for device copies into its buffers, so the caller's thread does not. An
+  // exception from it fails the collective, like a transport error.
+  using StartAfter = std::function<void()>;
+  WorkPtr allreduce(void* buf, size_t count, DataType dtype, ReduceOp op, Callback done = nullptr,
+                    StartAfter start_after = nullptr);
+  WorkPtr broadcast(void* buf, size_t count, DataType dtype, int root, Callback done = nullptr,
+                    StartAfter start_after = nullptr);
+  WorkPtr reduce(void* buf, size_t count, DataType dtype, ReduceOp op, int root, Callback done = nullptr,
+                 StartAfter start_after = nullptr);
+  WorkPtr allgather(const void* in, size_t count, DataType dtype, std::vector<char*> outs, Callback done = nullptr,
+                    StartAfter start_after = nullptr);
   WorkPtr reduce_scatter(const void* in, size_t count, DataType dtype, ReduceOp op, void* out,
-                         Callback done = nullptr);
+                         Callback done = nullptr, StartAfter start_after = nullptr);
   WorkPtr gather(const void* in, size_t count, DataType dtype, std::vector<char*> outs, int root,
-                 Callback done = nullptr);
+                 Callback done = nullptr, StartAfter start_after = nullptr);
   WorkPtr scatter(std::vector<const char*> ins, void* out, size_t count, DataType dtype, int root,
-                  Callback done = nullptr);
+                  Callback done = nullptr, StartAfter start_after = nullptr);
   WorkPtr alltoall(const void* in, std::vector<size_t> send_counts, void* out, std::vector<size_t> recv_counts,
-                   DataType dtype, Callback done = nullptr);
-  WorkPtr barrier(Callback done = nullptr);
+                   DataType dtype, Callback done = nullptr, StartAfter start_after = nullptr);
+  WorkPtr barrier(Callback done = nullptr, StartAfter start_after = nullptr);
+  // An allreduce of float32 data (SUM or AVG) that travels as 8-bit blocks (int8_blocks.h, docs/int8.md),
+  // whatever MCCL_WIRE_DTYPE says. `residual` (null, or `count` floats of this rank's, zeros at first and kept
+  // by the caller between calls, in memory the progress thread may write): error feedback. This rank quantises
+  // each of its values once per call; the residual of that value is added to it first, and then holds the
+  // error of that quantisation, which the next call adds back.
+  WorkPtr allreduce_int8(float* buf, size_t count, ReduceOp op, float* residual, Callback done = nullptr,
+                         StartAfter start_after = nullptr);
+  // Point-to-point work is posted as soon as the progress thread sees it: its buffers must be ready.
   WorkPtr send(const void* buf, size_t count, DataType dtype, int peer, uint64_t tag, Callback done = nullptr);
   // peer may be kAnySource; Work::source() then tells who sent it.
   WorkPtr recv(void* buf, size_t count, DataType dtype, int peer, uint64_t tag, Callback done = nullptr);
-
-  // While one lives on a thread, the collectives issued there first run `ready` on the progress thread,
-  // right before they start (the torch layer waits there for device copies into their buffers, so the
-  // caller's thread does not). An exception from `ready` fails the collective, like a transport error.
-  class StartAfter {
-   public:
-    explicit StartAfter(std::function<void()> ready);
-    ~StartAfter();
-    StartAfter(const StartAfter&) = delete;
-    StartAfter& operator=(const StartAfter&) = delete;
-
-   private:
-    std::function<void()> previous_;
-  };
 
   // Fails everything pending with kAborted, shuts the sockets, stops the thread. Idempotent.
   void abort();
@@ -101,8 +103,15 @@ class Communicator {
 
  private:
 
-  WorkPtr enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, int root, uint64_t count,
-                  std::function<void(Collective&)> body, Callback done);
+  // How a collective's payloads travel (codec.h): their type and, for an 8-bit allreduce, its error feedback.
+  struct Wire {
+    WireType type = WireType::kExact;
+    float* residual = nullptr;
+  };
+  // What MCCL_WIRE_DTYPE gives a collective: float32 reductions travel in it, everything else exact.
+  Wire wire_of_setting(CollectiveKind kind, DataType dtype) const;
+  WorkPtr enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, int root, uint64_t count, Wire wire,
+                  std::function<void(Collective&)> body, Callback done, StartAfter start_after);
   WorkPtr post_p2p(bool is_send, void* buf, size_t count, DataType dtype, int peer, uint64_t tag, Callback done);
   void check_usable() const;
   void throw_if_unusable() const;  // check_usable() with mu_ held

@@ -8,46 +8,26 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "error.h"
 #include "log.h"
 
 namespace mccl {
-namespace {
 
-// Every variable from_env reads: a backend option naming anything else is a typo.
-const char* const kVariables[] = {
-    "MCCL_SOCKET_IFNAME", "MCCL_PORT_RANGE", "MCCL_ALGO", "MCCL_RD_MAX_BYTES", "MCCL_BROADCAST_ALGO",
-    "MCCL_BROADCAST_TREE_MAX_BYTES", "MCCL_REDUCE_ALGO", "MCCL_REDUCE_TREE_MAX_BYTES", "MCCL_ALLGATHER_ALGO",
-    "MCCL_ALLGATHER_BRUCK_MAX_BYTES", "MCCL_REDUCE_SCATTER_ALGO", "MCCL_REDUCE_SCATTER_RD_MAX_BYTES",
-    "MCCL_CHUNK_BYTES", "MCCL_NSOCKS", "MCCL_RING_LOOKAHEAD_BYTES", "MCCL_SOCKET_BUFFER_BYTES",
-    "MCCL_MAX_MESSAGE_BYTES", "MCCL_WIRE_DTYPE", "MCCL_SPIN_US", "MCCL_TIMELINE_ENTRIES", "MCCL_SEND_THREAD_BYTES",
-    "MCCL_REDUCE_THREADS", "MCCL_DEBUG", "MCCL_AUTH_SECRET", "MCCL_AUTH_SECRET_FILE", "MCCL_HEARTBEAT_INTERVAL",
-    "MCCL_HEARTBEAT_TIMEOUT",
-};
-
-// Where values come from: the group's settings first, then the environment. Empty means unset.
-class Reader {
+// One variable's value: what the group's settings or the environment say, else the variable's declared
+// default. Its parsers throw kInvalidArgument naming the variable and the value.
+class Value {
  public:
-  explicit Reader(const Settings& given) : given_(given) {
-    for (const auto& setting : given_) {
-      const std::string& name = setting.first;
-      if (std::find_if(std::begin(kVariables), std::end(kVariables),
-                       [&](const char* v) { return name == v; }) == std::end(kVariables))
-        fail(Error::Kind::kInvalidArgument, "unknown MCCL setting '", name, "' (the settings are the MCCL_* "
-             "variables, e.g. MCCL_SPIN_US; see docs/settings.md)");
-    }
-  }
+  Value(const Variable& variable, std::string text)
+      : name_(variable.name), fallback_(variable.fallback), text_(std::move(text)) {}
+  const char* name() const { return name_; }
+  const std::string& text() const { return text_; }
+  bool is(const char* text) const { return text_ == text; }
 
-  const char* get(const char* name) const {
-    auto it = given_.find(name);
-    const char* value = it != given_.end() ? it->second.c_str() : std::getenv(name);
-    return (value != nullptr && value[0] != '\0') ? value : nullptr;
-  }
-
-  uint64_t bytes(const char* name, uint64_t fallback, uint64_t min_value) const {
-    const char* value = get(name);
-    if (value == nullptr) return fallback;
+  // Bytes, with an optional K/M/G (KiB/MiB/GiB) suffix, at least `min_value`.
+  uint64_t bytes(uint64_t min_value) const {
+    const char* value = text_.c_str();
     char* end = nullptr;
     errno = 0;
     unsigned long long parsed = std::strtoull(value, &end, 10);
@@ -58,58 +38,78 @@ class Reader {
     else if (suffix == "M" || suffix == "m" || suffix == "MiB") scale = 1024 * 1024;
     else if (suffix == "G" || suffix == "g" || suffix == "GiB") scale = 1024ull * 1024 * 1024;
     else if (!suffix.empty() || end == value || value[0] == '-')
-      fail(Error::Kind::kInvalidArgument, name, "='", value, "' is not a byte count (examples: 65536, 64K, 4M)");
+      fail(Error::Kind::kInvalidArgument, name_, "='", text_, "' is not a byte count (examples: 65536, 64K, 4M)");
     if (out_of_range || parsed > UINT64_MAX / scale)
-      fail(Error::Kind::kInvalidArgument, name, "='", value, "' is too large (a byte count is below 16 EiB)");
+      fail(Error::Kind::kInvalidArgument, name_, "='", text_, "' is too large (a byte count is below 16 EiB)");
     uint64_t bytes = parsed * scale;
-    if (bytes < min_value) fail(Error::Kind::kInvalidArgument, name, "='", value, "' is below the minimum of ", min_value);
+    if (bytes < min_value) fail(Error::Kind::kInvalidArgument, name_, "='", text_, "' is below the minimum of ", min_value);
     return bytes;
   }
 
   // A plain number in [min_value, max_value]: no byte suffix (MCCL_NSOCKS=2K is a mistake, not 2048).
-  uint64_t count(const char* name, uint64_t fallback, uint64_t min_value, uint64_t max_value) const {
-    const char* value = get(name);
-    if (value == nullptr) return fallback;
-    const std::string text = value;
-    if (text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos)
-      fail(Error::Kind::kInvalidArgument, name, "='", text, "' is not a whole number (it counts, so it takes no "
-           "unit or K/M/G suffix; example: ", name, "=", fallback, ")");
-    const uint64_t n = std::stoull(text);
+  uint64_t count(uint64_t min_value, uint64_t max_value) const {
+    if (text_.size() > 9 || text_.find_first_not_of("0123456789") != std::string::npos) {
+      const std::string fallback = fallback_;
+      const bool numeric_default = !fallback.empty() && fallback.find_first_not_of("0123456789") == std::string::npos;
+      fail(Error::Kind::kInvalidArgument, name_, "='", text_, "' is not a whole number (it counts, so it takes no "
+           "unit or K/M/G suffix; example: ", name_, "=", numeric_default ? fallback : std::to_string(min_value), ")");
+    }
+    const uint64_t n = std::stoull(text_);
     if (n < min_value || n > max_value)
-      fail(Error::Kind::kInvalidArgument, name, "=", n, " is outside ", min_value, "-", max_value);
+      fail(Error::Kind::kInvalidArgument, name_, "=", n, " is outside ", min_value, "-", max_value);
     return n;
   }
 
   // Seconds, fractions allowed ("2", "0.5"); returned in milliseconds.
-  std::chrono::milliseconds seconds(const char* name, std::chrono::milliseconds fallback) const {
-    const char* value = get(name);
-    if (value == nullptr) return fallback;
+  std::chrono::milliseconds seconds() const {
     char* end = nullptr;
-    double seconds = std::strtod(value, &end);
-    if (end == value || *end != '\0' || !std::isfinite(seconds) || seconds < 0 || seconds > 1e6)
-      fail(Error::Kind::kInvalidArgument, name, "='", value, "' is not a number of seconds (examples: 30, 0.5)");
+    double seconds = std::strtod(text_.c_str(), &end);
+    if (end == text_.c_str() || *end != '\0' || !std::isfinite(seconds) || seconds < 0 || seconds > 1e6)
+      fail(Error::Kind::kInvalidArgument, name_, "='", text_, "' is not a number of seconds (examples: 30, 0.5)");
     return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000)));
   }
 
-  // One of `choices` (name, value pairs); `fallback` when unset.
+  // One of `choices` (name, value pairs); `listed` names the ones to offer in the error.
   template <typename T, size_t N>
-  T choice(const char* name, T fallback, const std::pair<const char*, T> (&choices)[N], const char* listed) const {
-    const char* value = get(name);
-    if (value == nullptr) return fallback;
+  T choice(const std::pair<const char*, T> (&choices)[N], const char* listed) const {
     for (const auto& [text, v] : choices)
-      if (std::string(value) == text) return v;
-    fail(Error::Kind::kInvalidArgument, name, "='", value, "' is not one of ", listed);
+      if (text_ == text) return v;
+    fail(Error::Kind::kInvalidArgument, name_, "='", text_, "' is not one of ", listed);
   }
 
  private:
-  const Settings& given_;
+  const char* name_;
+  const char* fallback_;
+  std::string text_;
 };
 
-// "LOW-HIGH", 1 <= LOW <= HIGH <= 65535.
-void read_port_range(const Reader& in, Config& c) {
-  const char* value = in.get("MCCL_PORT_RANGE");
-  if (value == nullptr) return;
-  const std::string text = value;
+namespace {
+
+using A = AlgoChoice;
+constexpr std::pair<const char*, A> kAllreduceAlgos[] = {
+    {"auto", A::kAuto}, {"ring", A::kRing}, {"rd", A::kRecursiveDoubling}, {"recursive_doubling", A::kRecursiveDoubling}};
+constexpr std::pair<const char*, A> kRootedAlgos[] = {{"auto", A::kAuto}, {"tree", A::kTree}, {"ring", A::kRing}};
+constexpr std::pair<const char*, A> kAllgatherAlgos[] = {{"auto", A::kAuto}, {"ring", A::kRing}, {"bruck", A::kBruck}};
+// MCCL_WIRE_DTYPE's values, a wire type's usual name first: a new wire type is one more row.
+constexpr std::pair<const char*, DataType> kWireTypes[] = {
+    {"off", DataType::kFloat32},  {"none", DataType::kFloat32},     {"float32", DataType::kFloat32},
+    {"fp32", DataType::kFloat32}, {"bf16", DataType::kBFloat16},    {"bfloat16", DataType::kBFloat16},
+    {"fp16", DataType::kFloat16}, {"float16", DataType::kFloat16},  {"half", DataType::kFloat16}};
+constexpr std::pair<const char*, bool> kInPlace[] = {{"auto", true}, {"0", false}};
+
+// The usual names of kWireTypes, "off, bf16, fp16", for the error that lists them.
+std::string wire_type_names() {
+  std::string listed;
+  for (const auto& [text, wire] : kWireTypes)
+    if (text == std::string(wire_type_name(wire))) listed += (listed.empty() ? "" : ", ") + std::string(text);
+  return listed;
+}
+
+// "LOW-HIGH", 1 <= LOW <= HIGH <= 65535; "" (unset): 0-0.
+void read_port_range(const Value& v, Config& c) {
+  c.port_min = c.port_max = 0;
+  if (v.text().empty()) return;
+  const std::string& text = v.text();
   const auto dash = text.find('-');
   auto port = [&](const std::string& part) -> long {
     if (part.empty() || part.size() > 5 || part.find_first_not_of("0123456789") != std::string::npos) return -1;
@@ -132,83 +132,167 @@ std::string strip_trailing_space(std::string text) {
   return text;
 }
 
-void read_auth_secret(const Reader& in, Config& c) {
-  const char* inline_secret = in.get("MCCL_AUTH_SECRET");
-  const char* path = in.get("MCCL_AUTH_SECRET_FILE");
-  if (inline_secret && path)
-    fail(Error::Kind::kInvalidArgument, "both MCCL_AUTH_SECRET and MCCL_AUTH_SECRET_FILE are set: set only one");
-  if (inline_secret) {
-    c.auth_secret = inline_secret;
-    c.auth_secret_source = "MCCL_AUTH_SECRET";
-  } else if (path) {
-    std::ifstream file(path, std::ios::binary);
-    if (!file) fail(Error::Kind::kInvalidArgument, "MCCL_AUTH_SECRET_FILE='", path, "' cannot be read");
+// MCCL_AUTH_SECRET's row comes first and keeps the text; MCCL_AUTH_SECRET_FILE's then checks the pair.
+void read_auth_secret_file(const Value& v, Config& c) {
+  if (!v.text().empty()) {
+    if (!c.auth_secret_source.empty())
+      fail(Error::Kind::kInvalidArgument, "both MCCL_AUTH_SECRET and MCCL_AUTH_SECRET_FILE are set: set only one");
+    std::ifstream file(v.text(), std::ios::binary);
+    if (!file) fail(Error::Kind::kInvalidArgument, "MCCL_AUTH_SECRET_FILE='", v.text(), "' cannot be read");
     std::ostringstream contents;
     contents << file.rdbuf();
     c.auth_secret = strip_trailing_space(contents.str());
-    c.auth_secret_source = std::string("MCCL_AUTH_SECRET_FILE=") + path;
-  } else {
-    return;
+    c.auth_secret_source = "MCCL_AUTH_SECRET_FILE=" + v.text();
   }
-  if (c.auth_secret.size() < kMinSecretBytes)
+  if (!c.auth_secret_source.empty() && c.auth_secret.size() < kMinSecretBytes)
     fail(Error::Kind::kInvalidArgument, c.auth_secret_source, " holds a secret of ", c.auth_secret.size(),
          " bytes; use at least ", kMinSecretBytes, " random characters (e.g. the output of `openssl rand -hex 32`)");
 }
 
-using A = AlgoChoice;
-constexpr std::pair<const char*, A> kAllreduceAlgos[] = {
-    {"auto", A::kAuto}, {"ring", A::kRing}, {"rd", A::kRecursiveDoubling}, {"recursive_doubling", A::kRecursiveDoubling}};
-constexpr std::pair<const char*, A> kRootedAlgos[] = {{"auto", A::kAuto}, {"tree", A::kTree}, {"ring", A::kRing}};
-constexpr std::pair<const char*, A> kAllgatherAlgos[] = {{"auto", A::kAuto}, {"ring", A::kRing}, {"bruck", A::kBruck}};
-constexpr std::pair<const char*, DataType> kWireTypes[] = {
-    {"off", DataType::kFloat32},     {"none", DataType::kFloat32},     {"float32", DataType::kFloat32},
-    {"fp32", DataType::kFloat32},    {"bf16", DataType::kBFloat16},    {"bfloat16", DataType::kBFloat16},
-    {"fp16", DataType::kFloat16},    {"float16", DataType::kFloat16},  {"half", DataType::kFloat16}};
+// MCCL_SEND_THREAD_BYTES=auto: frames of this size and more go to the sender thread where a host has the CPUs.
+constexpr size_t kAutoSendThreadBytes = 512 * 1024;
+
+using Scope = Variable::Scope;
+
+// Every variable: name, default, scope, a line of documentation, and its parser. Constant-initialized, so
+// a Config made by another file's static initializer finds it.
+constexpr Variable kVariables[] = {
+    {"MCCL_SOCKET_IFNAME", "", Scope::kGroup, "interface to listen on; unset: the one that routes to MASTER_ADDR",
+     [](const Value& v, Config& c) { c.socket_ifname = v.text(); }},
+    {"MCCL_PORT_RANGE", "", Scope::kGroup, "LOW-HIGH: the only ports a rank listens on; unset: any",
+     read_port_range},
+    {"MCCL_ALGO", "auto", Scope::kGroup, "allreduce algorithm: auto (the table), ring, rd",
+     [](const Value& v, Config& c) { c.algo = v.choice(kAllreduceAlgos, "auto, ring, rd"); }},
+    {"MCCL_RD_MAX_BYTES", "0", Scope::kGroup, "in auto, allreduces up to this size use recursive doubling; 0: the table",
+     [](const Value& v, Config& c) { c.rd_max_bytes = v.bytes(0); }},
+    {"MCCL_BROADCAST_ALGO", "auto", Scope::kGroup, "auto, tree, ring",
+     [](const Value& v, Config& c) { c.broadcast_algo = v.choice(kRootedAlgos, "auto, tree, ring"); }},
+    {"MCCL_BROADCAST_TREE_MAX_BYTES", "0", Scope::kGroup, "in auto, broadcasts up to this size use the tree; 0: the table",
+     [](const Value& v, Config& c) { c.broadcast_tree_max_bytes = v.bytes(0); }},
+    {"MCCL_REDUCE_ALGO", "auto", Scope::kGroup, "auto, tree, ring",
+     [](const Value& v, Config& c) { c.reduce_algo = v.choice(kRootedAlgos, "auto, tree, ring"); }},
+    {"MCCL_REDUCE_TREE_MAX_BYTES", "0", Scope::kGroup, "in auto, reduces up to this size use the tree; 0: the table",
+     [](const Value& v, Config& c) { c.reduce_tree_max_bytes = v.bytes(0); }},
+    {"MCCL_ALLGATHER_ALGO", "auto", Scope::kGroup, "auto, ring, bruck",
+     [](const Value& v, Config& c) { c.allgather_algo = v.choice(kAllgatherAlgos, "auto, ring, bruck"); }},
+    {"MCCL_ALLGATHER_BRUCK_MAX_BYTES", "0", Scope::kGroup, "in auto, all-gathers up to this output size use Bruck's",
+     [](const Value& v, Config& c) { c.allgather_bruck_max_bytes = v.bytes(0); }},
+    {"MCCL_REDUCE_SCATTER_ALGO", "auto", Scope::kGroup, "auto, ring, rd",
+     [](const Value& v, Config& c) { c.reduce_scatter_algo = v.choice(kAllreduceAlgos, "auto, ring, rd"); }},
+    {"MCCL_REDUCE_SCATTER_RD_MAX_BYTES", "0", Scope::kGroup, "in auto, reduce-scatters up to this input size use rd",
+     [](const Value& v, Config& c) { c.reduce_scatter_rd_max_bytes = v.bytes(0); }},
+    {"MCCL_CHUNK_BYTES", "512K", Scope::kGroup, "the ring's pipelining piece, in bytes on the wire",
+     [](const Value& v, Config& c) {
+       c.chunk_bytes = v.bytes(8);
+       if (c.chunk_bytes > (size_t(1) << 30))
+         fail(Error::Kind::kInvalidArgument, "MCCL_CHUNK_BYTES=", c.chunk_bytes, " is larger than 1 GiB");
+     }},
+    {"MCCL_SEND_THREAD_BYTES", "auto", Scope::kGroup, "frames of at least this size are written by a sender thread",
+     [](const Value& v, Config& c) {
+       c.send_thread_auto = v.is("auto");
+       c.send_thread_bytes = c.send_thread_auto ? kAutoSendThreadBytes : v.bytes(0);
+     }},
+    {"MCCL_REDUCE_THREADS", "auto", Scope::kGroup, "threads that share each received piece's element-wise work",
+     [](const Value& v, Config& c) { c.reduce_threads = v.is("auto") ? 0 : v.count(1, kMaxReduceThreads); }},
+    {"MCCL_NSOCKS", "1", Scope::kGroup, "TCP connections between every two ranks, 1-16",
+     [](const Value& v, Config& c) { c.nsocks = static_cast<int>(v.count(1, 16)); }},
+    {"MCCL_RING_LOOKAHEAD_BYTES", "64M", Scope::kGroup, "scratch the ring may use to post later receives early",
+     [](const Value& v, Config& c) { c.ring_lookahead_bytes = v.bytes(0); }},
+    {"MCCL_SOCKET_BUFFER_BYTES", "0", Scope::kGroup, "SO_SNDBUF/SO_RCVBUF of data sockets; 0: the OS's autotuning",
+     [](const Value& v, Config& c) {
+       c.socket_buffer_bytes = v.bytes(0);
+       if (c.socket_buffer_bytes > static_cast<size_t>(INT_MAX))  // rejected rather than cut down to fit
+         fail(Error::Kind::kInvalidArgument, "MCCL_SOCKET_BUFFER_BYTES=", c.socket_buffer_bytes, " is larger than ",
+              INT_MAX, " bytes (2 GiB - 1), the most SO_SNDBUF / SO_RCVBUF take (an int)");
+     }},
+    {"MCCL_MAX_MESSAGE_BYTES", "64G", Scope::kGroup, "largest frame accepted from a peer",
+     [](const Value& v, Config& c) { c.max_message_bytes = v.bytes(1024); }},
+    {"MCCL_WIRE_DTYPE", "off", Scope::kGroup, "the type float32 payloads of reductions travel in: off, bf16, fp16",
+     [](const Value& v, Config& c) { c.wire_dtype = parse_wire_type(v.text()); }},
+    {"MCCL_SPIN_US", "50", Scope::kGroup, "microseconds a waiting thread polls before it sleeps",
+     [](const Value& v, Config& c) { c.spin_us = static_cast<uint32_t>(v.count(0, 10'000'000)); }},
+    {"MCCL_TIMELINE_ENTRIES", "2048", Scope::kGroup, "how many of the latest collectives each group's timeline keeps",
+     [](const Value& v, Config& c) { c.timeline_entries = static_cast<size_t>(v.count(0, 1'000'000)); }},
+    {"MCCL_DEBUG", "WARN", Scope::kProcess, "ERROR, WARN, INFO, TRACE or 0-3; read by the logger (log.h)",
+     [](const Value& v, Config&) {
+       if (parse_log_level(v.text().c_str()) < 0)
+         fail(Error::Kind::kInvalidArgument, "MCCL_DEBUG='", v.text(), "' is not one of ERROR, WARN, INFO, TRACE (or 0-3)");
+     }},
+    {"MCCL_DEVICE_IN_PLACE", "auto", Scope::kProcess, "auto: host-visible accelerator tensors in place; 0: staged",
+     [](const Value& v, Config& c) { c.device_in_place = v.choice(kInPlace, "auto, 0"); }},
+    {"MCCL_AUTH_SECRET", "", Scope::kGroup, "the secret every connection proves it knows, at least 16 characters",
+     [](const Value& v, Config& c) {
+       c.auth_secret = v.text();
+       c.auth_secret_source = v.text().empty() ? "" : "MCCL_AUTH_SECRET";
+     }},
+    {"MCCL_AUTH_SECRET_FILE", "", Scope::kGroup, "like MCCL_AUTH_SECRET, read from this file", read_auth_secret_file},
+    {"MCCL_HEARTBEAT_INTERVAL", "1", Scope::kGroup, "seconds; a peer sent nothing for this long gets a heartbeat",
+     [](const Value& v, Config& c) {
+       c.heartbeat_interval = v.seconds();
+       if (c.heartbeat_interval.count() <= 0)
+         fail(Error::Kind::kInvalidArgument, "MCCL_HEARTBEAT_INTERVAL must be positive (to disable heartbeats set "
+              "MCCL_HEARTBEAT_TIMEOUT=0)");
+     }},
+    {"MCCL_HEARTBEAT_TIMEOUT", "30", Scope::kGroup, "seconds; a peer silent for this long fails the group; 0: off",
+     [](const Value& v, Config& c) { c.heartbeat_timeout = v.seconds(); }},
+};
+
+const Variable* find_variable(const std::string& name) {
+  for (const Variable& v : kVariables)
+    if (name == v.name) return &v;
+  return nullptr;
+}
+
+// `given`'s value, else the environment's, else the default; an empty value counts as unset.
+Value value_of(const Variable& variable, const char* given) {
+  const char* value = given != nullptr ? given : std::getenv(variable.name);
+  return Value(variable, value != nullptr && value[0] != '\0' ? value : variable.fallback);
+}
 
 }  // namespace
 
+const std::vector<Variable>& variables() {
+  static const std::vector<Variable> all(std::begin(kVariables), std::end(kVariables));
+  return all;
+}
+
+DataType parse_wire_type(const std::string& text) {
+  if (text.empty()) return DataType::kFloat32;
+  static const std::string listed = wire_type_names();
+  return Value(*find_variable("MCCL_WIRE_DTYPE"), text).choice(kWireTypes, listed.c_str());
+}
+
+const char* wire_type_name(DataType wire) {
+  for (const auto& [text, type] : kWireTypes)
+    if (type == wire) return text;
+  fail(Error::Kind::kInternal, "no name for wire type ", static_cast<int>(wire));
+}
+
+Config::Config() {
+  for (const Variable& v : kVariables) v.read(Value(v, v.fallback), *this);
+}
+
 Config Config::from_env(const Settings& given) {
-  const Reader in(given);
+  for (const auto& setting : given)
+    if (find_variable(setting.first) == nullptr)
+      fail(Error::Kind::kInvalidArgument, "unknown MCCL setting '", setting.first, "' (the settings are the MCCL_* "
+           "variables, e.g. MCCL_SPIN_US; see docs/settings.md)");
   Config c;
-  if (const char* v = in.get("MCCL_SOCKET_IFNAME")) c.socket_ifname = v;
-  read_port_range(in, c);
-  c.algo = in.choice("MCCL_ALGO", c.algo, kAllreduceAlgos, "auto, ring, rd");
-  c.rd_max_bytes = in.bytes("MCCL_RD_MAX_BYTES", c.rd_max_bytes, 0);
-  c.broadcast_algo = in.choice("MCCL_BROADCAST_ALGO", c.broadcast_algo, kRootedAlgos, "auto, tree, ring");
-  c.broadcast_tree_max_bytes = in.bytes("MCCL_BROADCAST_TREE_MAX_BYTES", c.broadcast_tree_max_bytes, 0);
-  c.reduce_algo = in.choice("MCCL_REDUCE_ALGO", c.reduce_algo, kRootedAlgos, "auto, tree, ring");
-  c.reduce_tree_max_bytes = in.bytes("MCCL_REDUCE_TREE_MAX_BYTES", c.reduce_tree_max_bytes, 0);
-  c.allgather_algo = in.choice("MCCL_ALLGATHER_ALGO", c.allgather_algo, kAllgatherAlgos, "auto, ring, bruck");
-  c.allgather_bruck_max_bytes = in.bytes("MCCL_ALLGATHER_BRUCK_MAX_BYTES", c.allgather_bruck_max_bytes, 0);
-  c.reduce_scatter_algo = in.choice("MCCL_REDUCE_SCATTER_ALGO", c.reduce_scatter_algo, kAllreduceAlgos, "auto, ring, rd");
-  c.reduce_scatter_rd_max_bytes = in.bytes("MCCL_REDUCE_SCATTER_RD_MAX_BYTES", c.reduce_scatter_rd_max_bytes, 0);
-  c.chunk_bytes = in.bytes("MCCL_CHUNK_BYTES", c.chunk_bytes, 8);
-  if (c.chunk_bytes > (size_t(1) << 30))
-    fail(Error::Kind::kInvalidArgument, "MCCL_CHUNK_BYTES=", c.chunk_bytes, " is larger than 1 GiB");
-  c.nsocks = static_cast<int>(in.count("MCCL_NSOCKS", static_cast<uint64_t>(c.nsocks), 1, 16));
-  c.ring_lookahead_bytes = in.bytes("MCCL_RING_LOOKAHEAD_BYTES", c.ring_lookahead_bytes, 0);
-  c.socket_buffer_bytes = in.bytes("MCCL_SOCKET_BUFFER_BYTES", c.socket_buffer_bytes, 0);
-  if (c.socket_buffer_bytes > static_cast<size_t>(INT_MAX))  // rejected rather than cut down to fit
-    fail(Error::Kind::kInvalidArgument, "MCCL_SOCKET_BUFFER_BYTES=", c.socket_buffer_bytes, " is larger than ",
-         INT_MAX, " bytes (2 GiB - 1), the most SO_SNDBUF / SO_RCVBUF take (an int)");
-  c.max_message_bytes = in.bytes("MCCL_MAX_MESSAGE_BYTES", c.max_message_bytes, 1024);
-  c.wire_dtype = in.choice("MCCL_WIRE_DTYPE", c.wire_dtype, kWireTypes, "off, bf16, fp16");
-  c.spin_us = static_cast<uint32_t>(in.count("MCCL_SPIN_US", c.spin_us, 0, 10'000'000));
-  c.timeline_entries = static_cast<size_t>(in.count("MCCL_TIMELINE_ENTRIES", c.timeline_entries, 0, 1'000'000));
-  if (const char* v = in.get("MCCL_SEND_THREAD_BYTES"); v && std::string(v) != "auto") {
-    c.send_thread_bytes = in.bytes("MCCL_SEND_THREAD_BYTES", c.send_thread_bytes, 0);
-    c.send_thread_auto = false;
+  for (const Variable& v : kVariables) {
+    const auto it = given.find(v.name);
+    const bool named = it != given.end();
+    v.read(value_of(v, named ? it->second.c_str() : nullptr), c);
+    if (named && v.scope == Variable::Scope::kProcess)
+      fail(Error::Kind::kInvalidArgument, v.name, " is read once per process, from the environment, not per process "
+           "group: set it in the environment of every rank (docs/settings.md)");
   }
-  if (const char* v = in.get("MCCL_REDUCE_THREADS"); v && std::string(v) != "auto")
-    c.reduce_threads = static_cast<size_t>(in.count("MCCL_REDUCE_THREADS", 1, 1, kMaxReduceThreads));
-  if (const char* v = in.get("MCCL_DEBUG"); v && parse_log_level(v) < 0)
-    fail(Error::Kind::kInvalidArgument, "MCCL_DEBUG='", v, "' is not one of ERROR, WARN, INFO, TRACE (or 0-3)");
-  read_auth_secret(in, c);
-  c.heartbeat_interval = in.seconds("MCCL_HEARTBEAT_INTERVAL", c.heartbeat_interval);
-  c.heartbeat_timeout = in.seconds("MCCL_HEARTBEAT_TIMEOUT", c.heartbeat_timeout);
-  if (c.heartbeat_interval.count() <= 0)
-    fail(Error::Kind::kInvalidArgument, "MCCL_HEARTBEAT_INTERVAL must be positive (to disable heartbeats set "
-         "MCCL_HEARTBEAT_TIMEOUT=0)");
+  return c;
+}
+
+Config Config::process() {
+  Config c;
+  for (const Variable& v : kVariables)
+    if (v.scope == Variable::Scope::kProcess) v.read(value_of(v, nullptr), c);
   return c;
 }
 

@@ -2,7 +2,9 @@
 
 namespace mccl {
 namespace {
-// The gate whose completion this thread is running (Work::CompletionScope), if any.
+// The gate whose completion this thread is running (Work::CompletionScope), if any. A thread-local rather
+// than an argument: the collectives issued inside a future's callbacks reach the engine through torch's API
+// (a comm hook's dist.all_reduce), which has no way to carry it.
 thread_local const OrderNode* t_scope = nullptr;
 }  // namespace
 

@@ -11,44 +11,14 @@
 #include <cstring>
 #include <type_traits>
 
-// Runtime SIMD selection on x86-64 Linux with g++: each kernel gets an AVX2 clone and a baseline clone,
-// chosen once by an ifunc resolver. On arm64 NEON is the baseline: the same loops compile to NEON code
-// (float16 through the hardware conversions, see Half below), checked by `make test-arm64`. Elsewhere
-// (clang on x86) the loops are vectorised for the baseline (SSE2).
-// Not under -fsanitize=thread: g++ instruments the resolver, which runs before TSan is initialised and crashes.
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_THREAD__)
-#define MCCL_TARGET_CLONES __attribute__((target_clones("avx2", "default")))
-#define MCCL_HAVE_TARGET_CLONES 1
-#else
-#define MCCL_TARGET_CLONES
-#define MCCL_HAVE_TARGET_CLONES 0
-#endif
+#include "float_bits.h"
+#include "vector_clones.h"
 
 namespace mccl {
 namespace {
 
 // ---------------------------------------------------------------------------------------------------
 // Half-precision conversions. All branch-free (selects only) so the loops that use them vectorise.
-
-inline uint32_t f32_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-inline float bits_f32(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-// c ? x : y through a mask (for the software float16 conversion). With a plain ?: g++ (-ftrapping-math)
-// sinks the float arithmetic feeding only one side into a branch, which it then may not if-convert, and
-// the loop stays scalar.
-[[maybe_unused]] inline uint32_t select_bits(bool c, uint32_t x, uint32_t y) {
-  uint32_t mask = 0u - uint32_t(c);
-  return (x & mask) | (y & ~mask);
-}
 
 // bfloat16 -> float32 is exact: a bfloat16 is the top half of a float32.
 inline float bf16_to_f32(uint16_t h) { return bits_f32(uint32_t(h) << 16); }

@@ -1,5 +1,6 @@
 #include "timeline.h"
 
+#include "codec.h"
 #include "dtype.h"
 
 namespace mccl {
@@ -8,9 +9,8 @@ void Timeline::record(const FrameHeader& identity, Clock::time_point issued, Clo
                       Clock::time_point ready, Clock::time_point done) {
   if (capacity_ == 0) return;
   const uint64_t bytes = identity.count * dtype_size(static_cast<DataType>(identity.dtype));
-  // FrameHeader::wire_dtype: 0 when the payload travels as `dtype`, else the DataType it travels in.
-  const uint64_t wire_bytes =
-      identity.wire_dtype == 0 ? bytes : identity.count * dtype_size(static_cast<DataType>(identity.wire_dtype));
+  const uint64_t wire_bytes = wire_bytes_of(static_cast<WireType>(identity.wire_dtype),
+                                            static_cast<DataType>(identity.dtype), identity.count);
   const TimelineEntry entry{identity.seq,       identity.kind,      bytes,           wire_bytes,
                             steady_ns(issued), steady_ns(started), steady_ns(ready), steady_ns(done)};
   std::lock_guard<std::mutex> lock(mu_);

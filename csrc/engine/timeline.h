@@ -1,6 +1,6 @@
 // A flight recorder of one communicator's latest collectives, like the trace buffer of torch's NCCL
 // process group: for each, when it was issued, when the progress thread picked it up, when its buffers
-// were ready (the device copies into them done: Communicator::StartAfter) and when it finished. That
+// were ready (the device copies into them done: a collective's start_after) and when it finished. That
 // splits each collective's time from issue to completion into queued behind earlier ones or held by a
 // gate (issued to started), waiting for device staging (started to ready) and running (ready to done):
 // what a profile of a training step needs to tell where the time between its collectives went.

@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "codec.h"
+
 namespace mccl {
 
 const char* collective_name(CollectiveKind kind) {
@@ -76,9 +78,7 @@ std::string check_frame_header(const FrameHeader& h, uint64_t comm_id, int sende
   switch (static_cast<Channel>(h.channel)) {
     case Channel::kCollective:
     case Channel::kPointToPoint:
-      if (h.wire_dtype != 0 && h.wire_dtype != static_cast<uint8_t>(DataType::kBFloat16) &&
-          h.wire_dtype != static_cast<uint8_t>(DataType::kFloat16))
-        return "unknown wire type " + std::to_string(h.wire_dtype);
+      if (!is_wire_type(h.wire_dtype)) return "unknown wire type " + std::to_string(h.wire_dtype);
       if (h.length > max_payload)
         return "frame of " + std::to_string(h.length) + " bytes exceeds MCCL_MAX_MESSAGE_BYTES=" + std::to_string(max_payload);
       return "";
@@ -99,10 +99,13 @@ std::string check_frame_header(const FrameHeader& h, uint64_t comm_id, int sende
 std::string compare_headers(const FrameHeader& expected, const FrameHeader& got, int my_rank) {
   std::ostringstream out;
   if (expected.wire_dtype != got.wire_dtype && expected.dtype == got.dtype) {
-    auto wire = [](uint8_t w) { return w == 0 ? std::string("uncompressed") : std::string(dtype_name(DataType(w))); };
+    auto wire = [](uint8_t w) { return std::string(wire_format_name(static_cast<WireType>(w))); };
+    const auto int8 = static_cast<uint8_t>(WireType::kInt8Blocks);
     out << "rank " << got.src_rank << " sends " << describe(got) << " as " << wire(got.wire_dtype) << ", but rank "
-        << my_rank << " expects " << wire(expected.wire_dtype)
-        << " payloads: set MCCL_WIRE_DTYPE to the same value on every rank";
+        << my_rank << " expects " << wire(expected.wire_dtype) << " payloads: "
+        << (got.wire_dtype == int8 || expected.wire_dtype == int8
+                ? "call the 8-bit allreduce (lightning_mccl.int8) on every rank or on none"
+                : "set MCCL_WIRE_DTYPE to the same value on every rank");
     return out.str();
   }
   const bool same_call = expected.channel == got.channel && expected.kind == got.kind && expected.seq == got.seq &&

@@ -69,7 +69,7 @@ struct FrameHeader {
   uint64_t offset = 0;  // byte offset of this payload within the logical buffer
   uint64_t length = 0;  // payload bytes that follow this header
   uint32_t step = 0;    // algorithm step, for diagnostics and ordering checks
-  uint8_t wire_dtype = 0;  // 0: the payload is `dtype`; else the DataType it travels in (MCCL_WIRE_DTYPE)
+  uint8_t wire_dtype = 0;  // WireType (codec.h): 0, the payload is `dtype`; else the format it travels in
   uint8_t reserved[3] = {0, 0, 0};
 };
 static_assert(sizeof(FrameHeader) == 64, "FrameHeader must stay 64 bytes");

@@ -26,8 +26,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce_coalesced(std::vector
   auto staging = unpack_into(packed, tensors);
   Elements e = elements_of(packed, "allreduce_coalesced", rank_);
   char* data = static_cast<char*>(packed.data_ptr());
-  return launch(c10d::OpType::ALLREDUCE_COALESCED, tensors, staging, [&](mccl::Callback done) {
-    return comm_->allreduce(data, e.count, e.dtype, r.op, std::move(done));
+  return launch(c10d::OpType::ALLREDUCE_COALESCED, tensors, staging, [&](mccl::Callback done, StartAfter after) {
+    return comm_->allreduce(data, e.count, e.dtype, r.op, std::move(done), std::move(after));
   });
 }
 

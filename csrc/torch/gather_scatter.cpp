@@ -24,15 +24,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allgather(std::vector<std::vect
   auto staging = std::make_shared<std::vector<Staged>>();
   for (const auto& out : outputs[0]) {
     check_same(inputs[0], out, "an output tensor", "allgather", rank_);
-    staging->push_back(stage(out, false, true, "allgather", rank_));
+    staging->push_back(stage(out, Access::kWrite, "allgather", rank_));
   }
-  Staged in = stage(inputs[0], true, false, "allgather", rank_);
+  Staged in = stage(inputs[0], Access::kRead, "allgather", rank_);
   staging->push_back(in);
   Elements e = elements_of(inputs[0], "allgather", rank_);
   std::vector<char*> outs;
   for (int k = 0; k < size_; ++k) outs.push_back(ptr((*staging)[k]));
-  return launch(c10d::OpType::ALLGATHER, outputs[0], staging, [&](mccl::Callback done) {
-    return comm_->allgather(ptr(in), e.count, e.dtype, outs, std::move(done));
+  return launch(c10d::OpType::ALLGATHER, outputs[0], staging, [&](mccl::Callback done, StartAfter after) {
+    return comm_->allgather(ptr(in), e.count, e.dtype, outs, std::move(done), std::move(after));
   });
 }
 
@@ -42,15 +42,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_allgather_base(at::Tensor& out
                    rank_, ": all_gather_into_tensor needs an output of ", size_, " x ", input.numel(), " ",
                    dtype_name(input), " elements, got ", output.numel(), " ", dtype_name(output));
   auto staging = std::make_shared<std::vector<Staged>>();
-  staging->push_back(stage(output, false, true, "all_gather_into_tensor", rank_));
-  Staged in = stage(input, true, false, "all_gather_into_tensor", rank_);
+  staging->push_back(stage(output, Access::kWrite, "all_gather_into_tensor", rank_));
+  Staged in = stage(input, Access::kRead, "all_gather_into_tensor", rank_);
   staging->push_back(in);
   Elements e = elements_of(input, "all_gather_into_tensor", rank_);
   size_t bytes = e.count * mccl::dtype_size(e.dtype);
   std::vector<char*> outs;
   for (int k = 0; k < size_; ++k) outs.push_back(ptr((*staging)[0]) + k * bytes);
-  return launch(c10d::OpType::_ALLGATHER_BASE, {output}, staging, [&](mccl::Callback done) {
-    return comm_->allgather(ptr(in), e.count, e.dtype, outs, std::move(done));
+  return launch(c10d::OpType::_ALLGATHER_BASE, {output}, staging, [&](mccl::Callback done, StartAfter after) {
+    return comm_->allgather(ptr(in), e.count, e.dtype, outs, std::move(done), std::move(after));
   });
 }
 
@@ -75,14 +75,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::_reduce_scatter_base(at::Tensor
                    rank_, ": reduce_scatter_tensor needs an input of ", size_, " x ", output.numel(), " ",
                    dtype_name(output), " elements, got ", input.numel(), " ", dtype_name(input));
   auto staging = std::make_shared<std::vector<Staged>>();
-  staging->push_back(stage(output, false, true, "reduce_scatter", rank_));
+  staging->push_back(stage(output, Access::kWrite, "reduce_scatter", rank_));
   Reduction r = reduction_of(opts.reduceOp, output, "reduce_scatter", rank_);
-  Staged in = stage(input, true, false, "reduce_scatter", rank_, r.premul);
+  Staged in = stage(input, Access::kRead, "reduce_scatter", rank_, r.premul);
   staging->push_back(in);
   Elements e = elements_of(output, "reduce_scatter", rank_);
   char* out = ptr((*staging)[0]);
-  return launch(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, staging, [&](mccl::Callback done) {
-    return comm_->reduce_scatter(ptr(in), e.count, e.dtype, r.op, out, std::move(done));
+  return launch(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, staging, [&](mccl::Callback done, StartAfter after) {
+    return comm_->reduce_scatter(ptr(in), e.count, e.dtype, r.op, out, std::move(done), std::move(after));
   });
 }
 
@@ -113,16 +113,16 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall_base(at::Tensor& outpu
   std::vector<size_t> send_counts = splits(input, input_split_sizes, "input");
   std::vector<size_t> recv_counts = splits(output, output_split_sizes, "output");
   auto staging = std::make_shared<std::vector<Staged>>();
-  staging->push_back(stage(output, false, true, "all_to_all_single", rank_));
-  Staged in = stage(input, true, false, "all_to_all_single", rank_);
+  staging->push_back(stage(output, Access::kWrite, "all_to_all_single", rank_));
+  Staged in = stage(input, Access::kRead, "all_to_all_single", rank_);
   staging->push_back(in);
   Elements e = elements_of(input, "all_to_all_single", rank_);
   size_t scale = e.count / std::max<size_t>(1, static_cast<size_t>(input.numel()));  // 2 for complex
   for (auto& c : send_counts) c *= scale;
   for (auto& c : recv_counts) c *= scale;
   char* out = ptr((*staging)[0]);
-  return launch(c10d::OpType::ALLTOALL_BASE, {output}, staging, [&](mccl::Callback done) {
-    return comm_->alltoall(ptr(in), send_counts, out, recv_counts, e.dtype, std::move(done));
+  return launch(c10d::OpType::ALLTOALL_BASE, {output}, staging, [&](mccl::Callback done, StartAfter after) {
+    return comm_->alltoall(ptr(in), send_counts, out, recv_counts, e.dtype, std::move(done), std::move(after));
   });
 }
 
@@ -151,9 +151,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::alltoall(std::vector<at::Tensor
   keep_in.host = packed_in;
   staging->push_back(keep_in);
   mccl::DataType dtype = elements_of(inputs[0], "all_to_all", rank_).dtype;
-  return launch(c10d::OpType::ALLTOALL, outputs, staging, [&](mccl::Callback done) {
+  return launch(c10d::OpType::ALLTOALL, outputs, staging, [&](mccl::Callback done, StartAfter after) {
     return comm_->alltoall(packed_in.data_ptr(), send_counts, packed_out.data_ptr(), recv_counts, dtype,
-                           std::move(done));
+                           std::move(done), std::move(after));
   });
 }
 
@@ -170,7 +170,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::gather(std::vector<std::vector<
                      ": gather root needs one list of ", size_, " output tensors");
     for (const auto& out : outputs[0]) {
       check_same(inputs[0], out, "an output tensor", "gather", rank_);
-      staging->push_back(stage(out, false, true, "gather", rank_));
+      staging->push_back(stage(out, Access::kWrite, "gather", rank_));
       outs.push_back(ptr(staging->back()));
     }
     result = outputs[0];
@@ -178,11 +178,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::gather(std::vector<std::vector<
     MCCL_TORCH_CHECK(outputs.empty() || outputs[0].empty(), "rank ", rank_,
                      ": gather outputs must be empty on non-root ranks");
   }
-  Staged in = stage(inputs[0], true, false, "gather", rank_);
+  Staged in = stage(inputs[0], Access::kRead, "gather", rank_);
   staging->push_back(in);
   Elements e = elements_of(inputs[0], "gather", rank_);
-  return launch(c10d::OpType::GATHER, result, staging, [&](mccl::Callback done) {
-    return comm_->gather(ptr(in), e.count, e.dtype, outs, root, std::move(done));
+  return launch(c10d::OpType::GATHER, result, staging, [&](mccl::Callback done, StartAfter after) {
+    return comm_->gather(ptr(in), e.count, e.dtype, outs, root, std::move(done), std::move(after));
   });
 }
 
@@ -192,14 +192,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::scatter(std::vector<at::Tensor>
   check_one(outputs, "scatter", rank_);
   const int root = static_cast<int>(opts.rootRank);
   auto staging = std::make_shared<std::vector<Staged>>();
-  staging->push_back(stage(outputs[0], false, true, "scatter", rank_));
+  staging->push_back(stage(outputs[0], Access::kWrite, "scatter", rank_));
   std::vector<const char*> ins;
   if (rank_ == root) {
     MCCL_TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_, "rank ", rank_,
                      ": scatter root needs one list of ", size_, " input tensors");
     for (const auto& in : inputs[0]) {
       check_same(outputs[0], in, "an input tensor", "scatter", rank_);
-      staging->push_back(stage(in, true, false, "scatter", rank_));
+      staging->push_back(stage(in, Access::kRead, "scatter", rank_));
       ins.push_back(ptr(staging->back()));
     }
   } else {
@@ -208,8 +208,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::scatter(std::vector<at::Tensor>
   }
   Elements e = elements_of(outputs[0], "scatter", rank_);
   char* out = ptr((*staging)[0]);
-  return launch(c10d::OpType::SCATTER, outputs, staging, [&](mccl::Callback done) {
-    return comm_->scatter(ins, out, e.count, e.dtype, root, std::move(done));
+  return launch(c10d::OpType::SCATTER, outputs, staging, [&](mccl::Callback done, StartAfter after) {
+    return comm_->scatter(ins, out, e.count, e.dtype, root, std::move(done), std::move(after));
   });
 }
 

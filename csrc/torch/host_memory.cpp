@@ -4,8 +4,9 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
-#include <cstdlib>
 
+#include "config.h"
+#include "errors.hpp"
 #include "mps_memory.hpp"
 
 namespace lightning_mccl {
@@ -14,15 +15,10 @@ namespace {
 std::atomic<uint64_t> in_place_count{0};
 std::atomic<uint64_t> staged_count{0};
 
-// MCCL_DEVICE_IN_PLACE, read once per process.
+// MCCL_DEVICE_IN_PLACE, read once per process, at the first tensor that gets this far (a bad value is a
+// ValueError then, and is read again at the next).
 bool in_place_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("MCCL_DEVICE_IN_PLACE");
-    const std::string value = v ? v : "auto";
-    TORCH_CHECK_VALUE(value == "auto" || value == "0", "MCCL invalid argument: MCCL_DEVICE_IN_PLACE='", value,
-                      "' is not one of auto, 0");
-    return value == "auto";
-  }();
+  static const bool enabled = translated([] { return mccl::Config::process().device_in_place; });
   return enabled;
 }
 

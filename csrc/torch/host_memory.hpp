@@ -11,7 +11,8 @@
 // Only contiguous tensors go in place (the engine reads one run of bytes). PREMUL_SUM inputs are staged
 // (the engine reduces a scaled copy).
 //
-// MCCL_DEVICE_IN_PLACE: auto (default): in place wherever the memory allows; 0: always staged.
+// MCCL_DEVICE_IN_PLACE (Config::device_in_place): auto (default): in place wherever the memory allows; 0: always
+// staged.
 #pragma once
 
 #include <ATen/ATen.h>

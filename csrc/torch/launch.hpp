@@ -30,8 +30,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10d::OpType type, std::
   };
   mccl::WorkPtr engine_work;
   try {
-    mccl::Communicator::StartAfter copied_out(ready(staging));  // the progress thread waits, not this one
-    engine_work = start(std::move(done));
+    engine_work = start(std::move(done), ready(staging));  // the progress thread waits for the copies, not this one
   } catch (const mccl::Error& e) {
     c10::intrusive_ptr<WorkMCCL>::reclaim(raw);  // the callback never runs
     throw_torch(e);

@@ -12,9 +12,11 @@
 #include <pybind11/stl.h>
 
 #include "clock.h"
+#include "config.h"
 #include "dtype.h"
 #include "netif.h"
 #include "reduce.h"
+#include "errors.hpp"
 #include "host_buffers.hpp"
 #include "host_memory.hpp"
 #include "mps_memory.hpp"
@@ -127,15 +129,38 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("listen_address", &lightning_mccl::ProcessGroupMCCL::listenAddress)
       .def_property_readonly(
           "wire_dtype",
-          [](const lightning_mccl::ProcessGroupMCCL& pg) -> std::string {
-            const mccl::DataType wire = pg.config().wire_dtype;
-            return wire == mccl::DataType::kFloat32 ? "off" : wire == mccl::DataType::kBFloat16 ? "bf16" : "fp16";
-          },
-          "the MCCL_WIRE_DTYPE this group read when it was made: \"off\", \"bf16\" or \"fp16\"")
+          [](const lightning_mccl::ProcessGroupMCCL& pg) { return mccl::wire_type_name(pg.config().wire_dtype); },
+          "the MCCL_WIRE_DTYPE this group read when it was made, by its usual name (\"off\", \"bf16\", ...)")
+      .def(
+          "allreduce_int8",
+          [](lightning_mccl::ProcessGroupMCCL& pg, at::Tensor& tensor, const std::optional<at::Tensor>& residual,
+             const c10d::ReduceOp& op) { return pg.allreduce_int8(tensor, residual.value_or(at::Tensor()), op); },
+          pybind11::arg("tensor"), pybind11::arg("residual"), pybind11::arg("op"),
+          pybind11::call_guard<pybind11::gil_scoped_release>(),
+          "the 8-bit allreduce with error feedback (lightning_mccl.int8): a Work whose future holds [tensor]")
       .def("stats", &stats_dict, "this group's traffic counters (engine stats.h), as a dict")
       .def("timeline", &timeline_list,
            "this group's latest collectives with their issue, start, ready and done times (engine timeline.h), "
            "oldest first, as a list of dicts");
+  m.def(
+      "wire_type",
+      [](const std::string& value) {
+        return lightning_mccl::translated([&] { return std::string(mccl::wire_type_name(mccl::parse_wire_type(value))); });
+      },
+      pybind11::arg("value"),
+      "an MCCL_WIRE_DTYPE value (\"bfloat16\", \"half\", \"\", ...) as the engine reads it, by its usual name "
+      "(\"bf16\", \"fp16\", \"off\"); ValueError naming the variable for a value it does not take");
+  m.def(
+      "variables",
+      [] {
+        std::vector<std::map<std::string, std::string>> rows;
+        for (const mccl::Variable& v : mccl::variables())
+          rows.push_back({{"name", v.name}, {"default", v.fallback}, {"doc", v.doc},
+                          {"scope", v.scope == mccl::Variable::Scope::kGroup ? "group" : "process"}});
+        return rows;
+      },
+      "every MCCL_* variable the engine and the binding read (config.cc's table): name, default (\"\": unset), "
+      "scope (\"group\": read when a process group is made; \"process\": once per process) and doc");
   m.def("clock_ns", &mccl::steady_now_ns, "now in the engine's steady clock, the clock of timeline() and stats()");
   m.def("interfaces", &mccl::list_interfaces,
         "(interface name, address) pairs of this machine, from getifaddrs()");

@@ -54,11 +54,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::broadcast(std::vector<at::Tenso
   check_one(tensors, "broadcast", rank_);
   const int root = static_cast<int>(opts.rootRank);
   auto staging = std::make_shared<std::vector<Staged>>();
-  staging->push_back(stage(tensors[0], rank_ == root, rank_ != root, "broadcast", rank_));
+  staging->push_back(stage(tensors[0], rank_ == root ? Access::kRead : Access::kWrite, "broadcast", rank_));
   Elements e = elements_of(tensors[0], "broadcast", rank_);
   char* data = ptr((*staging)[0]);
-  return launch(c10d::OpType::BROADCAST, tensors, staging, [&](mccl::Callback done) {
-    return comm_->broadcast(data, e.count, e.dtype, root, std::move(done));
+  return launch(c10d::OpType::BROADCAST, tensors, staging, [&](mccl::Callback done, StartAfter after) {
+    return comm_->broadcast(data, e.count, e.dtype, root, std::move(done), std::move(after));
   });
 }
 
@@ -69,10 +69,39 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce(std::vector<at::Tenso
   auto staging = std::make_shared<std::vector<Staged>>();
   Elements e = elements_of(tensors[0], "allreduce", rank_);
   Reduction r = reduction_of(opts.reduceOp, tensors[0], "allreduce", rank_);
-  staging->push_back(stage(tensors[0], true, true, "allreduce", rank_, r.premul));
+  staging->push_back(stage(tensors[0], Access::kReadWrite, "allreduce", rank_, r.premul));
   char* data = ptr((*staging)[0]);
-  return launch(c10d::OpType::ALLREDUCE, tensors, staging, [&](mccl::Callback done) {
-    return comm_->allreduce(data, e.count, e.dtype, r.op, std::move(done));
+  return launch(c10d::OpType::ALLREDUCE, tensors, staging, [&](mccl::Callback done, StartAfter after) {
+    return comm_->allreduce(data, e.count, e.dtype, r.op, std::move(done), std::move(after));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce_int8(at::Tensor& tensor, const at::Tensor& residual,
+                                                                const c10d::ReduceOp& op) {
+  const char* name = "allreduce_int8";
+  check_dense(tensor, name, rank_);
+  MCCL_TORCH_CHECK(tensor.scalar_type() == at::kFloat, "rank ", rank_, ": ", name, " takes float32 tensors, got ",
+                   dtype_name(tensor));
+  MCCL_TORCH_CHECK(op.op_ == c10d::ReduceOp::SUM || op.op_ == c10d::ReduceOp::AVG, "rank ", rank_, ": ", name,
+                   " sums or averages (ReduceOp.SUM, ReduceOp.AVG)");
+  auto staging = std::make_shared<std::vector<Staged>>();
+  staging->push_back(stage(tensor, Access::kReadWrite, name, rank_));
+  float* kept = nullptr;
+  if (residual.defined()) {
+    MCCL_TORCH_CHECK(residual.device().is_cpu() && residual.scalar_type() == at::kFloat && residual.is_contiguous() &&
+                         residual.numel() == tensor.numel(),
+                     "rank ", rank_, ": ", name, "'s residual must be a contiguous float32 CPU tensor of ",
+                     tensor.numel(), " elements, got ", residual.numel(), " of ", dtype_name(residual), " on ",
+                     residual.device());
+    staging->push_back(stage(residual, Access::kReadWrite, name, rank_));  // in place; held until the end
+    kept = residual.data_ptr<float>();
+  }
+  float* data = reinterpret_cast<float*>(ptr((*staging)[0]));
+  const mccl::ReduceOp reduce = op.op_ == c10d::ReduceOp::AVG ? mccl::ReduceOp::kAvg : mccl::ReduceOp::kSum;
+  const size_t count = static_cast<size_t>(tensor.numel());
+  std::vector<at::Tensor> outputs{tensor};
+  return launch(c10d::OpType::ALLREDUCE, outputs, staging, [&](mccl::Callback done, StartAfter after) {
+    return comm_->allreduce_int8(data, count, reduce, kept, std::move(done), std::move(after));
   });
 }
 
@@ -84,26 +113,29 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce(std::vector<at::Tensor>&
   auto staging = std::make_shared<std::vector<Staged>>();
   Elements e = elements_of(tensors[0], "reduce", rank_);
   Reduction r = reduction_of(opts.reduceOp, tensors[0], "reduce", rank_);
-  staging->push_back(stage(tensors[0], true, rank_ == root, "reduce", rank_, r.premul));
+  const Access access = rank_ == root ? Access::kReadWrite : Access::kRead;  // the result lands at the root
+  staging->push_back(stage(tensors[0], access, "reduce", rank_, r.premul));
   char* data = ptr((*staging)[0]);
-  return launch(c10d::OpType::REDUCE, tensors, staging, [&](mccl::Callback done) {
-    return comm_->reduce(data, e.count, e.dtype, r.op, root, std::move(done));
+  return launch(c10d::OpType::REDUCE, tensors, staging, [&](mccl::Callback done, StartAfter after) {
+    return comm_->reduce(data, e.count, e.dtype, r.op, root, std::move(done), std::move(after));
   });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::barrier(const c10d::BarrierOptions&) {
   auto staging = std::make_shared<std::vector<Staged>>();
-  return launch(c10d::OpType::BARRIER, {}, staging, [&](mccl::Callback done) { return comm_->barrier(std::move(done)); });
+  return launch(c10d::OpType::BARRIER, {}, staging, [&](mccl::Callback done, StartAfter after) {
+    return comm_->barrier(std::move(done), std::move(after));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   check_one(tensors, "send", rank_);
   auto staging = std::make_shared<std::vector<Staged>>();
-  Staged s = stage(tensors[0], true, false, "send", rank_);
+  Staged s = stage(tensors[0], Access::kRead, "send", rank_);
   staging->push_back(s);
   wait_copied(staging);  // a send is posted at once: its buffer must be filled first
   Elements e = elements_of(tensors[0], "send", rank_);
-  return launch(c10d::OpType::SEND, tensors, staging, [&](mccl::Callback done) {
+  return launch(c10d::OpType::SEND, tensors, staging, [&](mccl::Callback done, StartAfter) {  // copied already
     return comm_->send(ptr(s), e.count, e.dtype, dst_rank, static_cast<uint64_t>(tag), std::move(done));
   });
 }
@@ -111,10 +143,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::send(std::vector<at::Tensor>& t
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   check_one(tensors, "recv", rank_);
   auto staging = std::make_shared<std::vector<Staged>>();
-  staging->push_back(stage(tensors[0], false, true, "recv", rank_));
+  staging->push_back(stage(tensors[0], Access::kWrite, "recv", rank_));
   Elements e = elements_of(tensors[0], "recv", rank_);
   char* data = ptr((*staging)[0]);
-  return launch(c10d::OpType::RECV, tensors, staging, [&](mccl::Callback done) {
+  return launch(c10d::OpType::RECV, tensors, staging, [&](mccl::Callback done, StartAfter) {  // writes only
     return comm_->recv(data, e.count, e.dtype, src_rank, static_cast<uint64_t>(tag), std::move(done));
   });
 }

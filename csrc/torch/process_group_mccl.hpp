@@ -24,6 +24,7 @@ namespace lightning_mccl {
 
 struct Staged;  // staging.hpp
 using Staging = std::shared_ptr<std::vector<Staged>>;
+using StartAfter = mccl::Communicator::StartAfter;
 
 class ProcessGroupMCCL : public c10d::Backend {
  public:
@@ -92,8 +93,14 @@ class ProcessGroupMCCL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
+  // The 8-bit allreduce with error feedback (mccl::Communicator::allreduce_int8, docs/int8.md): `tensor` float32
+  // on any device (staged or in place like every collective), `residual` an undefined tensor or a contiguous
+  // float32 CPU tensor of as many elements, kept by the caller between calls; `op` SUM or AVG.
+  c10::intrusive_ptr<c10d::Work> allreduce_int8(at::Tensor& tensor, const at::Tensor& residual,
+                                                const c10d::ReduceOp& op);
+
  private:
-  // Queues one engine operation (`start(done)`) for a new WorkMCCL (launch.hpp).
+  // Queues one engine operation (`start(done, start_after)`) for a new WorkMCCL (launch.hpp).
   template <typename Start>
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs, Staging staging,
                                         Start&& start);

@@ -30,9 +30,9 @@ void check_dense(const at::Tensor& t, const char* op, int rank) {
                     " does not support ", t.layout(), " tensors (sparse tensors: densify them first)");
 }
 
-Staged stage(const at::Tensor& t, bool read, bool write, const char* op, int rank,
-             const std::optional<at::Tensor>& premul) {
+Staged stage(const at::Tensor& t, Access access, const char* op, int rank, const std::optional<at::Tensor>& premul) {
   check_dense(t, op, rank);
+  const bool read = access != Access::kWrite, write = access != Access::kRead;
   Staged s;
   s.user = t;
   if (t.device().is_cpu()) {

@@ -43,9 +43,10 @@ using Staging = std::shared_ptr<std::vector<Staged>>;
 
 void check_dense(const at::Tensor& t, const char* op, int rank);
 
-// `read`: the engine reads the tensor's values (times `premul` when given: PREMUL_SUM); `write`: the
-// engine's result must land in it.
-Staged stage(const at::Tensor& t, bool read, bool write, const char* op, int rank,
+// What the engine does with a tensor: reads its values (times `premul` when given: PREMUL_SUM), writes its
+// result into it, or both.
+enum class Access { kRead, kWrite, kReadWrite };
+Staged stage(const at::Tensor& t, Access access, const char* op, int rank,
              const std::optional<at::Tensor>& premul = std::nullopt);
 // Staging for tensors that travel packed in one host buffer (already on the host): each is copied
 // back from its slice, ordered after the caller's current stream.

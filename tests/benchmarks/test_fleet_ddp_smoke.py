@@ -11,6 +11,8 @@ import pytest
 from bench_runner import explain, run_script
 from sweep import ddp_series
 
+pytestmark = pytest.mark.slow  # make test-quick leaves these out (docs/testing.md)
+
 
 def test_fleet_ddp_writes_table_and_weights_agree(tmp_path):
     out = tmp_path / "out"

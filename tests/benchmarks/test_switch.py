@@ -13,6 +13,8 @@ from lightning_mccl.switch import SwitchError, SwitchFleet, measure_goodput, pri
 from lightning_mccl.cli import main as cli_main
 from lightning_mccl.switch import netns
 
+pytestmark = pytest.mark.slow  # make test-quick leaves these out (docs/testing.md)
+
 PROBLEM = privilege_problem()
 needs_netns = pytest.mark.skipif(PROBLEM is not None, reason=f"switch emulator unavailable: {PROBLEM}")
 

@@ -41,6 +41,12 @@ class MemoryStore : public mccl::Store {
   std::map<std::string, std::string> data_;
 };
 
+// Every rank's copy of a result, filled from the ranks' threads (for checks that every rank holds the same bits).
+struct Results {
+  std::mutex mu;
+  std::vector<std::vector<float>> of_rank;
+};
+
 // Runs fn(rank, comm) on `world` threads, rank r with configs[r]. Returns one message per rank ("" when
 // that rank passed).
 inline std::vector<std::string> run_world_configs(int world, const std::function<void(int, mccl::Communicator&)>& fn,

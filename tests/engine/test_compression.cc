@@ -8,27 +8,20 @@
 
 #include "check.h"
 #include "collective.h"
+#include "inputs.h"
 #include "local_world.h"
 #include "reduce.h"
 #include "reduce_pool.h"
 
 using namespace mccl;
+using mccl_test::input;
+using mccl_test::Results;
 using mccl_test::run_world;
 
 namespace {
 
 // The unit roundoff of the wire type: relative error of one rounding to nearest.
 double unit_roundoff(DataType wire) { return wire == DataType::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11); }
-
-// Uniform in [-4, 4), a pure function of (rank, i): splitmix64 of the pair, so each element costs a few
-// multiplications (a generator seeded per element made this test slow under the sanitizers).
-float input(int rank, size_t i) {
-  uint64_t z = (static_cast<uint64_t>(rank) << 40) + i + 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-53 * 8.0 - 4.0);
-}
 
 Config compressed(DataType wire, AlgoChoice algo, size_t chunk_bytes = 64) {
   Config c;
@@ -37,12 +30,6 @@ Config compressed(DataType wire, AlgoChoice algo, size_t chunk_bytes = 64) {
   c.chunk_bytes = chunk_bytes;  // 64: several pieces per ring segment
   return c;
 }
-
-// Every rank's copy of the result, for the bit-identity check.
-struct Results {
-  std::mutex mu;
-  std::vector<std::vector<float>> of_rank;
-};
 
 }  // namespace
 
@@ -223,8 +210,8 @@ TEST(compressed_ring_over_reduce_threads_equals_one_thread) {
   }
 }
 
-// A wire buffer is in use from take() on: one taken but not yet held by a request (wire_buffer() before
-// send_narrowed()) is not handed out again; one whose request is done is.
+// A wire buffer is in use from take() on: one taken but not yet held by a request (an onward encoding before
+// its send) is not handed out again; one whose request is done is.
 TEST(a_wire_buffer_is_in_use_from_take_until_its_request_is_done) {
   WireBuffers buffers;
   char* taken = buffers.take(64);

@@ -32,7 +32,7 @@ AlgoChoice pick(const Config& c, CollectiveKind kind, int world, size_t bytes) {
 
 }  // namespace
 
-// The allreduce rows follow benchmarks/results/h200_algos_W{4,8} and h200x2_algo_rd_vs_ring_W{16,24}.md.
+// The allreduce rows follow benchmarks/results/h200_algos/ and h200x2_algo_rd_vs_ring/ (docs/settings.md).
 TEST(allreduce_follows_the_measured_crossovers) {
   const Config c;
   struct Row {
@@ -169,6 +169,49 @@ TEST(logging_reads_only_its_own_variable) {
   ::unsetenv("MCCL_NSOCKS");
   const std::string e = error_of({{"MCCL_DEBUG", "LOUD"}});
   CHECK_MSG(contains(e, "MCCL_DEBUG='LOUD' is not one of ERROR, WARN, INFO, TRACE"), "%s", e.c_str());
+}
+
+// MCCL_DEBUG and MCCL_DEVICE_IN_PLACE are read once per process from the environment (process()): a group's
+// settings naming one are refused (after their value is checked), and a bad value in the environment fails
+// the group too.
+TEST(per_process_variables_are_not_group_settings) {
+  CHECK(Config().device_in_place && Config::from_env({}).device_in_place);
+  std::string e = error_of({{"MCCL_DEVICE_IN_PLACE", "0"}});
+  CHECK_MSG(contains(e, "MCCL_DEVICE_IN_PLACE is read once per process, from the environment"), "%s", e.c_str());
+  e = error_of({{"MCCL_DEVICE_IN_PLACE", "sometimes"}});
+  CHECK_MSG(contains(e, "MCCL_DEVICE_IN_PLACE='sometimes' is not one of auto, 0"), "%s", e.c_str());
+  ::setenv("MCCL_DEVICE_IN_PLACE", "0", 1);
+  CHECK(!Config::process().device_in_place && !Config::from_env().device_in_place);
+  ::setenv("MCCL_DEVICE_IN_PLACE", "never", 1);
+  e = error_of({});
+  CHECK_MSG(contains(e, "MCCL_DEVICE_IN_PLACE='never' is not one of auto, 0"), "%s", e.c_str());
+  ::unsetenv("MCCL_DEVICE_IN_PLACE");
+  CHECK(Config::process().device_in_place);
+}
+
+// Every wire type has one usual name (what the binding's wire_type() and a group's wire_dtype say); the
+// synonyms and unset mean the same types.
+TEST(wire_types_parse_to_their_usual_names) {
+  CHECK(parse_wire_type("") == DataType::kFloat32 && parse_wire_type("none") == DataType::kFloat32);
+  CHECK(parse_wire_type("bfloat16") == DataType::kBFloat16 && parse_wire_type("half") == DataType::kFloat16);
+  CHECK(std::string(wire_type_name(DataType::kFloat32)) == "off");
+  CHECK(std::string(wire_type_name(parse_wire_type("float16"))) == "fp16");
+  CHECK(Config::from_env({{"MCCL_WIRE_DTYPE", "bfloat16"}}).wire_dtype == DataType::kBFloat16);
+  const std::string e = error_of({{"MCCL_WIRE_DTYPE", "BF16"}});
+  CHECK_MSG(contains(e, "MCCL_WIRE_DTYPE='BF16' is not one of off, bf16, fp16"), "%s", e.c_str());
+}
+
+// The table's defaults are what a Config starts with, and each is a value its own parser takes.
+TEST(every_variable_takes_its_default) {
+  CHECK(Config().chunk_bytes == 512 * KiB && Config().ring_lookahead_bytes == 64 * MiB);
+  CHECK(Config().max_message_bytes == uint64_t(64) << 30 && Config().heartbeat_timeout.count() == 30000);
+  CHECK(Config().send_thread_auto && Config().send_thread_bytes == 512 * KiB && Config().reduce_threads == 0);
+  for (const Variable& v : variables()) {
+    if (v.scope == Variable::Scope::kGroup) {
+      const std::string e = error_of({{v.name, v.fallback}});
+      CHECK_MSG(e.empty(), "%s=%s: %s", v.name, v.fallback, e.c_str());
+    }
+  }
 }
 
 MCCL_TEST_MAIN

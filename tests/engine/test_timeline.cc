@@ -29,10 +29,8 @@ void issue_known_sequence(Communicator& comm) {
   works.push_back(comm.allreduce(small.data(), small.size(), DataType::kFloat32, ReduceOp::kSum));
   works.push_back(comm.allreduce(wide.data(), wide.size(), DataType::kFloat64, ReduceOp::kSum));
   works.push_back(comm.allreduce(large.data(), large.size(), DataType::kFloat32, ReduceOp::kSum));
-  {
-    Communicator::StartAfter after([] { std::this_thread::sleep_for(kReadyWait); });
-    works.push_back(comm.broadcast(bcast.data(), bcast.size(), DataType::kFloat32, 0));
-  }
+  works.push_back(comm.broadcast(bcast.data(), bcast.size(), DataType::kFloat32, 0, nullptr,
+                                 [] { std::this_thread::sleep_for(kReadyWait); }));
   for (auto& w : works) w->wait();
 }
 
@@ -147,14 +145,10 @@ TEST(compressed_collectives_count_their_wire_bytes_in_the_wire_type) {
 TEST(a_failed_collective_is_recorded_too) {
   auto errors = run_world(1, [&](int, Communicator& comm) {
     std::vector<float> data(8, 1.0f);
-    WorkPtr work;
-    {
-      Communicator::StartAfter after([] {
-        std::this_thread::sleep_for(kReadyWait);
-        throw std::runtime_error("device copy failed");
-      });
-      work = comm.allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum);
-    }
+    WorkPtr work = comm.allreduce(data.data(), data.size(), DataType::kFloat32, ReduceOp::kSum, nullptr, [] {
+      std::this_thread::sleep_for(kReadyWait);
+      throw std::runtime_error("device copy failed");
+    });
     bool failed = false;
     try {
       work->wait();

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -58,6 +59,18 @@ def run_mccl(*args, timeout: float = RUN_TIMEOUT_S, env=None, cwd=None) -> subpr
     result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     result.elapsed = time.monotonic() - start
     return result
+
+
+@contextmanager
+def killed_on_error(proc: subprocess.Popen):
+    """Kills `proc`'s session (started with start_new_session=True) and collects it when the block fails,
+    so that no test leaves a launcher and its ranks running."""
+    try:
+        yield
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
 
 
 def alive(pid: int) -> bool:

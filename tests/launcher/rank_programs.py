@@ -8,6 +8,10 @@
                                                      # exits CODE once the others sleep, later attempts exit 0
     python rank_programs.py secret DIR               # mccl allreduce (authenticated with MCCL_AUTH_SECRET),
                                                      # record it in DIR, stay in the job until DIR/go appears
+    python rank_programs.py usage DIR                # every rank prints the same usage text and error (as
+                                                     # LightningCLI on a bad config) and, once all have, exits 2
+    python rank_programs.py killed DIR               # rank 1 kills itself (SIGKILL) once rank 0 waits; rank 0,
+                                                     # asked to stop, prints a traceback twice and exits 1
 
 Only `allreduce` imports torch (slow); the others use the standard library, to keep the tests fast.
 """
@@ -17,9 +21,11 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 
 VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
-        "GROUP_RANK", "MCCL_NODE_RANK", "MCCL_SOCKET_IFNAME", "PYTHONUNBUFFERED", "MCCL_TEST_FORWARDED")
+        "GROUP_RANK", "MCCL_NODE_RANK", "MCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "PYTHONUNBUFFERED",
+        "MCCL_TEST_FORWARDED")
 RESTART_VARS = ("MCCL_RESTART_COUNT", "MCCL_MAX_RESTARTS", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
                 "MASTER_PORT")
 SLEEP_S = 120
@@ -118,6 +124,47 @@ def secret(out_dir) -> None:
     dist.destroy_process_group()
 
 
+USAGE = ["usage: train.py [options] fit [-c CONFIG]"] + [f"{' ' * 30}[--option.number_{i} VALUE]" for i in range(30)]
+USAGE_ERROR = ['error: Parser key "trainer.strategy":', '  Errors:', '    - Problem with given class_path:',
+               '        Parser key "compress":', "          Errors:", "            - Expected a Literal['bf16']",
+               "          Given value: bf17"]
+
+
+def wait_for_all(out_dir, name) -> None:
+    """Writes DIR/<name>-<rank> and waits (at most 60 s) until every rank has."""
+    open(os.path.join(out_dir, f"{name}-{rank()}"), "w").close()
+    deadline = time.time() + 60
+    while not all(os.path.exists(os.path.join(out_dir, f"{name}-{r}")) for r in range(int(os.environ["WORLD_SIZE"]))):
+        if time.time() > deadline:
+            sys.exit(f"the other ranks never wrote {name}")
+        time.sleep(0.05)
+
+
+def usage(out_dir) -> None:
+    sys.stderr.write("\n".join(USAGE + USAGE_ERROR) + "\n")
+    sys.stderr.flush()
+    wait_for_all(out_dir, "printed")
+    time.sleep(0.5)  # every copy has reached the launcher before the first exit
+    sys.exit(2)
+
+
+def killed(out_dir) -> None:
+    if rank() == 1:
+        wait_for_all(out_dir, "started")
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def lost_peer(signum, frame):
+        try:
+            raise RuntimeError("rank 1 closed its connection")
+        except RuntimeError:
+            traceback.print_exc()  # as Lightning's handler and then Python's own do
+            raise
+
+    signal.signal(signal.SIGTERM, lost_peer)
+    wait_for_all(out_dir, "started")
+    time.sleep(SLEEP_S)
+
+
 def main(argv) -> None:
     mode = argv[0]
     if mode == "env":
@@ -133,6 +180,10 @@ def main(argv) -> None:
         allreduce()
     elif mode == "secret":
         secret(argv[1])
+    elif mode == "usage":
+        usage(argv[1])
+    elif mode == "killed":
+        killed(argv[1])
     else:
         sys.exit(f"unknown mode {mode!r}")
 

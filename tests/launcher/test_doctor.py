@@ -2,11 +2,17 @@
 with an unreachable host; a busy master port)."""
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 
 import pytest
 
-from cli_runner import env_with_fake_ssh, run_mccl
+from cli_runner import MCCL, env_with_fake_ssh, killed_on_error, require_script, run_mccl
+from lightning_mccl.cli.launch_plan import free_port
 from lightning_mccl.cli.doctor import HostReport, check_hosts
 from lightning_mccl.cli.doctor_bench import pair_rounds
 
@@ -76,6 +82,7 @@ def test_doctor_local_2_measures_pair_0_1_and_the_allreduce(tmp_path):
     reduction = table_rows(r.stdout, "Reduction path")
     assert reduction[0] == ["rank", "host", "CPU reducer", "Metal", "MPS tensors"]
     assert [row[0] for row in reduction[1:]] == ["0", "1"]
+    assert all(row[1].startswith("local (") for row in reduction[1:]), reduction  # the launcher's host names
     for row in reduction[1:]:
         assert row[2] in ("avx2 (selected at run time)", "sse2 (this cpu has no avx2)"), row
         assert row[3] == "no: MCCL_METAL=0 (the default)" and row[4] == "no MPS device", row
@@ -111,3 +118,51 @@ def test_doctor_reports_a_measurement_that_runs_out_of_time(tmp_path):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "the ranks did not finish within 0.5 s: stopping them" in r.stderr
     assert "the measurement failed (timeout, exit code 124)" in r.stderr and "Links" not in r.stdout
+
+
+def test_a_host_0_addr_of_another_machine_is_named_before_anything_waits(tmp_path):
+    # host 0's addr is every rank's MASTER_ADDR: one of another machine (198.51.100.7, TEST-NET-2) would leave
+    # the measurement waiting for a rendezvous that is not there
+    hostfile = tmp_path / "fleet.yaml"
+    hostfile.write_text("hosts:\n  - {name: mac-0, addr: 198.51.100.7}\n  - {name: mac-1, addr: 127.0.0.2}\n")
+    r = run_mccl("doctor", "--hostfile", hostfile, env=env_with_fake_ssh(), timeout=60)
+    assert r.returncode == 1, r.stdout + r.stderr
+    err = " ".join(r.stderr.split())
+    assert "[problem] mac-0: addr: addr 198.51.100.7 is none of this host's addresses (" in err, err
+    assert "not measuring the links" in err and "Links" not in r.stdout
+    addr = {row[0]: row[2:4] for row in table_rows(r.stdout, "Host setup")[1:] if row[1] == "addr"}
+    assert addr == {"mac-0": ["fail", addr["mac-0"][1]], "mac-1": ["ok", "127.0.0.2 is loopback (lo)"]}, addr
+
+
+def test_the_measurements_rendezvous_ends_within_its_timeout_with_a_named_error(tmp_path):
+    port = free_port()  # nobody serves it: rank 0 never came
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "1", "WORLD_SIZE": "2",
+           "MCCL_RENDEZVOUS_REPORT_S": "1"}
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "lightning_mccl.cli.doctor_bench", "--pg-timeout", "2"], env=env,
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert time.monotonic() - start < 30  # torch's import, then 2 s
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"RendezvousError: rank 1 could not reach rank 0's rendezvous at 127.0.0.1:{port} within "
+                           "2 s"), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_ctrl_c_during_the_measurement_prints_one_line(tmp_path):
+    require_script()
+    proc = subprocess.Popen([MCCL, "doctor", "--local", "2", "--size-mib", "64", "--iters", "1000"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    with killed_on_error(proc):
+        before = []
+        for line in proc.stderr:  # up to the start of the measurement
+            before.append(line)
+            if "measuring over mccl" in line:
+                break
+        time.sleep(3.0)  # the ranks importing torch, at the rendezvous or measuring
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, "".join(before) + err
+    assert err.splitlines() == [
+        "mccl doctor: received SIGINT: stopping all ranks (send it again to kill them at once)"], err
+    assert "Links" not in out and "frame #" not in out + err

@@ -125,3 +125,16 @@ def test_doctor_shows_the_interface_and_address_of_every_host(tmp_path):
     assert interface["mac-0"].startswith("ranks listen on 127.0.0.1 via lo (ifname)"), rows
     assert interface["mac-1"].startswith("ranks listen on 127.0.0.1 via lo (routes to"), rows
     assert "Links (mccl send/recv)" in r.stdout
+
+
+def test_the_addr_check_says_which_interface_has_it_or_which_addresses_the_host_has():
+    probe = {"addresses": [["lo0", "127.0.0.1"], ["en0", "10.0.0.12"], ["en0", "fe80::1"], ["en1", "192.168.1.30"]],
+             "route_addr": "10.0.0.12"}
+    ok = judge("studio-02", probe, "10.0.0.12")[0]
+    assert (ok.check, ok.state, ok.detail) == ("addr", OK, "10.0.0.12 is this host's (en0)")
+    wrong = judge("studio-02", probe, "10.0.0.1")[0]
+    assert (wrong.state, wrong.fix) == (FAIL, "set addr: 10.0.0.12 for studio-02 in the hostfile")
+    assert wrong.detail.startswith("addr 10.0.0.1 is none of this host's addresses (10.0.0.12 (en0), 192.168.1.30 "
+                                   "(en1)): its peers would connect to another machine"), wrong.detail
+    assert judge("box", {"addresses": [["lo", "127.0.0.1"]]}, "127.0.0.2")[0].detail == "127.0.0.2 is loopback (lo)"
+    assert [f.check for f in judge("box", {"addresses": None}, "10.0.0.1")] == ["interface", "path"]  # not listed

@@ -89,6 +89,23 @@ def test_bad_hostfile_exits_2_naming_the_problem(tmp_path, capsys):
     assert "starts with '-'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("subcommand", ["launch", "doctor"])
+def test_a_bad_address_is_refused_at_once_naming_its_line(tmp_path, capsys, subcommand):
+    bad = tmp_path / "fleet.yaml"
+    bad.write_text("hosts:\n  - {name: mac-0, addr: 127.0.0.1}\n  - {name: mac-1, addr: 10.0.0.311}\n"
+                   "  - {name: mac-2, addr: not an ip}\n  - {name: mac-3, addr: nosuch.invalid}\n")
+    start = time.monotonic()
+    # --ssh false: were any rank started, it would fail at once with exit code 1 (not 2)
+    command = ["--", "true"] if subcommand == "launch" else []
+    code = main([subcommand, "--hostfile", str(bad), "--ssh", "false", *command])
+    assert code == 2 and time.monotonic() - start < 5.0
+    err = " ".join(capsys.readouterr().err.split())  # argparse wraps nothing, rich may
+    assert f"{bad}:3: hosts[1] (mac-1): addr '10.0.0.311' is not an IPv4 address (Octet 311 (> 255)" in err, err
+    assert f"{bad}:4: hosts[2] (mac-2): addr 'not an ip' is neither an IP address nor a host name" in err, err
+    assert f"{bad}:5: hosts[3] (mac-3): addr 'nosuch.invalid' does not resolve here" in err, err
+    assert "mac-0" not in err
+
+
 def test_env_help_says_how_to_keep_a_value_off_the_command_line(capsys):
     assert main(["launch", "--help"]) == 0
     help_text = " ".join(capsys.readouterr().out.split())
@@ -167,6 +184,23 @@ def test_nproc_per_node_numbers_ranks_host_by_host():
     assert all(e["MASTER_PORT"] == "4000" and e["OMP_NUM_THREADS"] == "1" for e in envs)  # as torchrun
 
 
+@pytest.mark.parametrize("where, expected", [
+    (["--local", "2"], [("0", "0", "0", "2"), ("1", "0", "1", "2")]),  # one node, as torchrun --nproc-per-node 2
+    (["--local", "2", "--nproc-per-node", "1"], [("0", "0", "0", "1"), ("1", "1", "0", "1")]),  # 2 nodes of 1
+    (["--local", "2", "--nproc-per-node", "2"], [("0", "0", "0", "2"), ("1", "0", "1", "2"), ("2", "1", "0", "2"),
+                                                 ("3", "1", "1", "2")]),
+])
+def test_local_n_is_one_node_of_n_ranks_unless_nproc_per_node_is_given(where, expected):
+    from lightning_mccl.cli import build_parser
+    from lightning_mccl.cli.fleet_args import plan_from_args
+
+    args = build_parser().parse_args(["launch", *where])
+    plan = plan_from_args(args, ["train"], nproc_per_node=args.nproc_per_node)
+    envs = [rank_shim.decode_spec(s.stdin.decode())["env"] for s in plan.rank_specs(base_env={})]
+    assert [(e["RANK"], e["NODE_RANK"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) for e in envs] == expected
+    assert {e["WORLD_SIZE"] for e in envs} == {str(len(expected))}
+
+
 def test_output_is_split_into_lines_at_newlines_and_carriage_returns():
     r = _Rank(RankSpec(0, "h", ()))
     assert r.split(b"one\ntwo\r\nthr") == ["one", "two"]
@@ -192,6 +226,8 @@ def test_a_failing_rank_stops_the_others_and_sets_the_exit_code(tmp_path, via):
     assert_all_gone(pids_of(tmp_path, [0, 2]) + [failed["pid"]])
     host = "local" if via == "local" else "mac-1"
     assert f"rank 1 on {host} exited with code 3; stopping the other 2 ranks" in r.stderr
+    assert r.stderr.strip().splitlines()[-1].endswith(  # no error line in its output: its last line
+        f"failed: rank 1 on {host} exited with code 3; its last line: rank 1 failing with exit code 3"), r.stderr
     out = prefixed(r.stdout)
     assert out[f"{host} r1"][0] == "rank 1 failing with exit code 3"
     assert "rank 0 sleeping" in out[f"{'local' if via == 'local' else 'mac-0'} r0"]
@@ -202,7 +238,8 @@ def test_a_two_rank_mccl_allreduce_runs_and_every_line_is_prefixed(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     out = prefixed(r.stdout)  # every line carries its rank's prefix
     for rank in (0, 1):
-        line = f"allreduce rank={rank} world=2 env_rank={rank} local_rank=0 node_rank={rank} sum=[3.0, 3.0, 3.0, 3.0]"
+        # --local 2 is one node of 2 ranks, as torchrun --nproc-per-node 2
+        line = f"allreduce rank={rank} world=2 env_rank={rank} local_rank={rank} node_rank=0 sum=[3.0, 3.0, 3.0, 3.0]"
         assert line in out[f"local r{rank}"], r.stdout
     assert "all 2 ranks finished" in r.stderr
 
@@ -213,7 +250,8 @@ def test_ssh_path_end_to_end_with_a_fake_ssh(tmp_path):
     workdir.mkdir()
     hostfile = write_hostfile(tmp_path / "fleet.yaml", 2, ifname0="lo")
     env = env_with_fake_ssh(log, MCCL_TEST_FORWARDED="no: --env wins")
-    for name in ("MCCL_SOCKET_IFNAME", "MCCL_NODE_RANK", "PYTHONUNBUFFERED"):  # the fake ssh passes ours on
+    # the fake ssh passes ours on
+    for name in ("MCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "MCCL_NODE_RANK", "PYTHONUNBUFFERED"):
         env.pop(name, None)
     r = run_mccl("launch", "--hostfile", hostfile, "--master-port", "29577", "--chdir", workdir,
                  "--ssh", "ssh -o BatchMode=yes -p 22", "--env", "MCCL_TEST_FORWARDED=yes",
@@ -231,7 +269,9 @@ def test_ssh_path_end_to_end_with_a_fake_ssh(tmp_path):
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29577", "WORLD_SIZE": "2", "RANK": str(rank),
             "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "NODE_RANK": str(rank), "GROUP_RANK": str(rank),
             "MCCL_NODE_RANK": str(rank), "MCCL_SOCKET_IFNAME": "lo" if rank == 0 else None,
-            "PYTHONUNBUFFERED": "1", "MCCL_TEST_FORWARDED": "yes"}
+            # the rank shim's choice for Lightning's Gloo group: rank 0 the host's ifname, rank 1 the
+            # interface that routes to MASTER_ADDR (127.0.0.1 here)
+            "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1", "MCCL_TEST_FORWARDED": "yes"}
 
 
 def _start_sleepers(tmp_path, launcher_args=(), ignore_int=False):

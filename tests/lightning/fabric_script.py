@@ -3,7 +3,8 @@
     ddp        Fabric(strategy="ddp", devices=2)                     Fabric's DDP over Gloo: the reference
     mccl       Fabric(strategy="mccl", devices=2)
     instance   Fabric(strategy=MCCLFabricStrategy(timeout=120), accelerator="auto", devices=2)
-    nodes      Fabric(strategy="mccl", num_nodes=2, devices=1), started by `mccl launch --local 2`
+    nodes      Fabric(strategy="mccl", num_nodes=2, devices=1), started by `mccl launch --local 2
+               --nproc-per-node 1` (2 nodes)
 
 Each trains the same tiny deterministic model for STEPS steps on CPU (a DistributedSampler splits the data)
 and every rank writes OUT_DIR/RUN.rank<R>.pt: the final parameters, the backend, the strategy class, the

@@ -1,6 +1,6 @@
 """Fabric over mccl: real loops on 2 CPU ranks (fabric_script.py) give Fabric's DDP-over-Gloo weights through
-`Fabric(strategy="mccl", devices=2)` and `Fabric(strategy="mccl", num_nodes=2)` under `mccl launch --local 2`
-(fabric_script.py also has an `MCCLFabricStrategy` instance with accelerator="auto": `instance`); and on the MPS stand-in (conftest.py) Fabric refuses its
+`Fabric(strategy="mccl", devices=2)` and `Fabric(strategy="mccl", num_nodes=2)` under `mccl launch --local 2
+--nproc-per-node 1` (2 nodes of 1 rank) (fabric_script.py also has an `MCCLFabricStrategy` instance with accelerator="auto": `instance`); and on the MPS stand-in (conftest.py) Fabric refuses its
 own DDP while "mccl" passes as a name and as an instance, and sets up its group without device_id and its
 module without a CUDA stream."""
 from __future__ import annotations
@@ -23,8 +23,8 @@ DEADLINE_S = 240
 RUNS = {
     "ddp": lambda out: [sys.executable, SCRIPT, out, "ddp"],
     "mccl": lambda out: [sys.executable, SCRIPT, out, "mccl"],
-    "nodes": lambda out: [sys.executable, "-m", "lightning_mccl.cli", "launch", "--local", "2", "--",
-                          sys.executable, SCRIPT, out, "nodes"],
+    "nodes": lambda out: [sys.executable, "-m", "lightning_mccl.cli", "launch", "--local", "2",
+                          "--nproc-per-node", "1", "--", sys.executable, SCRIPT, out, "nodes"],
 }
 
 
@@ -51,6 +51,7 @@ def records(tmp_path_factory):
     return {(name, rank): torch.load(os.path.join(out, f"{name}.rank{rank}.pt")) for name in RUNS for rank in (0, 1)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", ["mccl", "nodes"])
 def test_fabric_over_mccl_equals_fabric_ddp_over_gloo(records, run):
     ref = records[("ddp", 0)]

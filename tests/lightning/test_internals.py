@@ -116,10 +116,9 @@ def test_an_unexpected_lightning_shape_fails_the_import_naming_the_version(shape
 def test_the_installed_lightning_passes_the_checks():
     from lightning.fabric.utilities import distributed
 
-    from lightning_mccl.lightning import fabric, strategy
+    from lightning_mccl.lightning import group
 
-    assert strategy._init_dist_connection is distributed._init_dist_connection
-    assert fabric._init_dist_connection is distributed._init_dist_connection
+    assert group._init_dist_connection is distributed._init_dist_connection
 
 
 def test_the_mps_gate_rebinds_nothing_and_other_threads_are_still_refused(mps_stand_in, tmp_path):

@@ -45,6 +45,40 @@ def test_registered_names_mirror_lightning_ddp_without_ddp():
     assert {n.replace("ddp", "mccl") for n in ddp_names if "fork" not in n and "notebook" not in n} <= ours
 
 
+def test_fabric_registers_the_same_table_without_the_compressions():
+    """One table (names.py) for both registries: Fabric has every name of the Trainer's but the compressions,
+    each with the same arguments."""
+    from lightning.fabric.strategies import STRATEGY_REGISTRY
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    from lightning_mccl.lightning import MCCLFabricStrategy, MCCLStrategy
+
+    trainer = {n: StrategyRegistry[n]["init_params"] for n in StrategyRegistry.available_strategies()
+               if StrategyRegistry[n]["strategy"] is MCCLStrategy}
+    fabric = {n: STRATEGY_REGISTRY[n]["init_params"] for n in STRATEGY_REGISTRY.available_strategies()
+              if STRATEGY_REGISTRY[n]["strategy"] is MCCLFabricStrategy}
+    assert fabric == {n: p for n, p in trainer.items() if "compress" not in p}
+    assert fabric["mccl_find_unused_parameters_false"] == {"find_unused_parameters": False, "start_method": "popen"}
+    strategy = STRATEGY_REGISTRY.get("mccl_spawn_find_unused_parameters_true")
+    assert type(strategy) is MCCLFabricStrategy and strategy._ddp_kwargs["find_unused_parameters"] is True
+
+
+def test_the_two_front_ends_share_the_group_module_and_not_each_other():
+    """strategy.py and fabric.py import the group setup from group.py, never from each other (no cycle)."""
+    import ast
+    from pathlib import Path
+
+    import lightning_mccl.lightning as package
+
+    here = Path(package.__file__).parent
+    for module, other in (("strategy", "fabric"), ("fabric", "strategy")):
+        tree = ast.parse((here / f"{module}.py").read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1
+                    for alias in node.names} | {node.module for node in ast.walk(tree)
+                                                if isinstance(node, ast.ImportFrom) and node.level == 1}
+        assert other not in imported and "group" in imported, (module, imported)
+
+
 def test_arguments_compress_timeout_ddp_kwargs_and_hint():
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
@@ -68,8 +102,8 @@ def test_arguments_compress_timeout_ddp_kwargs_and_hint():
     assert (state.matrix_approximation_rank, state.start_powerSGD_iter, state.use_error_feedback,
             state.warm_start) == (4, 10, True, True)
     assert MCCLStrategy()._ddp_comm_hook is None
-    with pytest.raises(ValueError, match=r"compress='int8'\): expected one of \('bf16', 'fp16', 'bf16_hook'"):
-        MCCLStrategy(compress="int8")
+    with pytest.raises(ValueError, match=r"compress='int4'\): expected one of \('bf16', 'fp16', 'bf16_hook'"):
+        MCCLStrategy(compress="int4")
     with pytest.raises(ValueError, match="give either compress or ddp_comm_wrapper"):
         MCCLStrategy(compress="bf16_hook", ddp_comm_hook=powerSGD_hook.powerSGD_hook,
                      ddp_comm_wrapper=default_hooks.fp16_compress_wrapper)
@@ -102,6 +136,24 @@ def test_arguments_compress_timeout_ddp_kwargs_and_hint():
     assert MCCLFabricStrategy()._ddp_kwargs["bucket_cap_mb"] == 5.0
     assert MCCLFabricStrategy(bucket_cap_mb=25)._ddp_kwargs["bucket_cap_mb"] == 25
     assert "bucket_cap_mb" not in MCCLFabricStrategy(process_group_backend="gloo")._ddp_kwargs
+
+
+@pytest.mark.filterwarnings("ignore:Complex modules")
+def test_int8_brings_its_hook_and_refuses_what_it_cannot_take():
+    """compress="int8": the engine's 8-bit hook and its state; mccl only, no other hook, floating gradients only."""
+    from lightning_mccl import int8
+    from lightning_mccl.lightning import MCCLStrategy
+
+    s = MCCLStrategy(compress="int8")
+    assert s._ddp_comm_hook is int8.int8_hook and isinstance(s._ddp_comm_state, int8.Int8State)
+    assert (s._ddp_comm_wrapper, s._compress_plan.wire, s._ddp_kwargs["bucket_cap_mb"]) == (None, None, 5.0)
+    s._compress_plan.check(torch.nn.Linear(2, 2).to(torch.bfloat16))  # floating: fine
+    with pytest.raises(ValueError, match=r"compress='int8'\): parameter 'weight' is torch.complex64"):
+        s._compress_plan.check(torch.nn.Linear(2, 2).to(torch.complex64))
+    with pytest.raises(ValueError, match="compress='int8'\\) needs process_group_backend='mccl'"):
+        MCCLStrategy(compress="int8", process_group_backend="gloo")
+    with pytest.raises(ValueError, match="brings its own hook and state"):
+        MCCLStrategy(compress="int8", ddp_comm_hook=default_hooks.bf16_compress_hook)
 
 
 @pytest.mark.parametrize("name", ["MCCLStrategy", "MCCLFabricStrategy"])
@@ -282,3 +334,92 @@ def test_an_existing_default_group_of_another_backend_is_refused(no_launch_env):
         assert torch.distributed.get_backend() == "gloo"  # left as it was
     finally:
         torch.distributed.destroy_process_group()
+
+
+def test_diloco_arguments():
+    """sync="diloco": no DDP comm hook, no bucket default, compress is the pseudo-gradients' wire type (the default
+    group stays uncompressed)."""
+    from lightning_mccl.lightning import MCCLStrategy
+
+    s = MCCLStrategy(sync="diloco", sync_every=4, compress="bf16", outer_lr=0.5, outer_momentum=0.8, sync_delay=4)
+    assert (s.sync, s.sync_every, s.outer_lr, s.outer_momentum, s.sync_delay) == ("diloco", 4, 0.5, 0.8, 4)
+    assert (s._diloco_config.wire, s._compress_plan.wire, s._ddp_comm_hook) == ("bf16", None, None)
+    assert "bucket_cap_mb" not in s._ddp_kwargs
+    assert s.diloco is None and s.outer_group is None  # only during a fit
+    assert MCCLStrategy(sync="diloco", sync_every=1)._diloco_config.wire is None  # float32
+    assert MCCLStrategy()._diloco_config is None and MCCLStrategy().sync == "ddp"
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(sync="local"), "MCCLStrategy(sync='local'): expected one of ('ddp', 'diloco')"),
+    (dict(sync="diloco"), "MCCLStrategy(sync='diloco') needs sync_every=H, the training batches per round"),
+    (dict(sync="diloco", sync_every=0), "MCCLStrategy(sync_every=0): expected the inner steps per round, an int >= 1"),
+    (dict(sync="diloco", sync_every=4, sync_delay=5), "MCCLStrategy(sync_delay=5): expected an int from 1 to "
+                                                      "sync_every=4"),
+    (dict(sync="diloco", sync_every=4, outer_momentum=1.5), "MCCLStrategy(outer_momentum=1.5): expected a number"),
+    (dict(sync="diloco", sync_every=4, compress="powersgd"), "MCCLStrategy(sync='diloco', compress='powersgd'): "
+                                                             "DiLoCo has no DDP comm hooks"),
+    (dict(sync="diloco", sync_every=4, compress="bf16_hook"), "MCCLStrategy(sync='diloco', compress='bf16_hook'): "
+                                                              "DiLoCo has no DDP comm hooks"),
+    (dict(sync="diloco", sync_every=4, compress="int8", process_group_backend="gloo"),
+     "MCCLStrategy(sync='diloco', compress='int8') needs process_group_backend='mccl'"),
+    (dict(sync="diloco", sync_every=4, ddp_comm_hook=default_hooks.allreduce_hook),
+     "MCCLStrategy(sync='diloco', ddp_comm_hook=<function allreduce_hook"),
+    (dict(sync="diloco", sync_every=4, bucket_cap_mb=25, static_graph=True),
+     "MCCLStrategy(sync='diloco', bucket_cap_mb=25, static_graph=True): DDP settings, and sync='diloco' does not "
+     "wrap the model in DDP"),
+    (dict(sync="diloco", sync_every=4, compress="bf16", process_group_backend="gloo"),
+     "MCCLStrategy(sync='diloco', compress='bf16') needs process_group_backend='mccl'"),
+    (dict(sync_every=4), "MCCLStrategy(sync_every=4): these apply to sync='diloco' only"),
+    (dict(outer_lr=0.5, sync_delay=2), "MCCLStrategy(outer_lr=0.5, sync_delay=2): these apply to sync='diloco' only"),
+])
+def test_diloco_bad_arguments_are_named(kwargs, message):
+    from lightning_mccl.lightning import MCCLStrategy
+
+    with pytest.raises(ValueError) as info:
+        MCCLStrategy(**kwargs)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+@pytest.mark.parametrize("trainer_kwargs,message", [
+    (dict(accumulate_grad_batches=3), "MCCLStrategy(sync='diloco', sync_every=4) with Trainer(accumulate_grad_"
+                                      "batches=3): a round must end on an optimizer step, so accumulate_grad_batches "
+                                      "must divide sync_every"),
+    (dict(accumulate_grad_batches=4, strategy_kwargs=dict(sync_delay=2)),
+     "MCCLStrategy(sync='diloco', sync_delay=2): more than the 1 optimizer steps of a round"),
+    (dict(sync_batchnorm=True), "MCCLStrategy(sync='diloco') with Trainer(sync_batchnorm=True): that synchronises "
+                                "every forward pass"),
+    (dict(model="two_optimizers"), "MCCLStrategy(sync='diloco') counts a round in the steps of one optimizer; this "
+                                   "LightningModule has 2"),
+])
+def test_diloco_trainer_settings_that_do_not_fit_are_named_at_setup(no_launch_env, tmp_path, trainer_kwargs, message):
+    """A one-rank fit over a real mccl group: the Trainer's setting is refused when the strategy sets up, before
+    any step."""
+    import lightning as L
+
+    from fit_script import TinyModel
+    from launch_env import free_port
+    from lightning_mccl.lightning import MCCLStrategy
+
+    class TwoOptimizers(TinyModel):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def configure_optimizers(self):
+            return [torch.optim.SGD(self.net[0].parameters(), lr=0.1), torch.optim.SGD(self.net[2].parameters(), lr=0.1)]
+
+    model = TwoOptimizers() if trainer_kwargs.pop("model", None) else TinyModel()
+    no_launch_env.setenv("MASTER_PORT", str(free_port()))
+    strategy = MCCLStrategy(sync="diloco", sync_every=4, timeout=30, **trainer_kwargs.pop("strategy_kwargs", {}))
+    trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=1, max_steps=2, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=str(tmp_path), **trainer_kwargs)
+    try:
+        with pytest.raises(ValueError) as info:
+            trainer.fit(model)
+        assert str(info.value).startswith(message), str(info.value)
+        assert trainer.global_step == 0
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()

@@ -27,6 +27,8 @@ import torch
 
 from launch_env import HERE, clean_env, free_port
 
+pytestmark = pytest.mark.slow  # make test-quick leaves these out (docs/testing.md)
+
 
 SCRIPT = os.path.join(HERE, "fit_script.py")
 FIT_DEADLINE_S = 240  # all launches together; measured ~30 s on 2 cores

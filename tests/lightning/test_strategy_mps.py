@@ -96,7 +96,7 @@ def test_setup_on_mps_binds_no_device_creates_no_cuda_stream_and_registers_the_h
     is no MPS here), the strategy's root device is MPS."""
     import atexit
 
-    from lightning_mccl.lightning import strategy as strategy_module
+    from lightning_mccl.lightning import group
 
     from lightning.fabric.utilities.distributed import _InfiniteBarrier
 
@@ -112,8 +112,12 @@ def test_setup_on_mps_binds_no_device_creates_no_cuda_stream_and_registers_the_h
         return default_hooks.allreduce_hook(state, bucket)
 
     at_exit = []
+
+    def unregister(handler):
+        at_exit[:] = [h for h in at_exit if h is not handler]
+
     mps_stand_in.setattr(atexit, "register", at_exit.append)
-    mps_stand_in.setattr(strategy_module, "_destroy_registered", False)
+    mps_stand_in.setattr(atexit, "unregister", unregister)
     init_calls = spy_init_process_group(mps_stand_in)
     forbid_cuda_stream(mps_stand_in)
     strategy = make_trainer(MCCLStrategy(ddp_comm_hook=hook_spy, timeout=60), "mps", tmp_path).strategy
@@ -123,7 +127,9 @@ def test_setup_on_mps_binds_no_device_creates_no_cuda_stream_and_registers_the_h
         assert len(init_calls) == 1 and "device_id" not in init_calls[0], init_calls  # (b)
         assert init_calls[0]["timeout"] == timedelta(seconds=60)
         assert dist.get_backend() == "mccl" and dist.group.WORLD.bound_device_id is None
-        assert at_exit == [strategy_module.destroy_at_exit]  # (e)
+        assert at_exit == [group._destroy_default_group]  # (e)
+        group.destroy_at_exit()
+        assert at_exit == [group._destroy_default_group]  # once, however often asked
         with _InfiniteBarrier():  # Lightning's Gloo group next to ours: unbound, so Gloo can run it
             pass
 
@@ -186,3 +192,29 @@ def test_lightning_ddp_strategy_on_mps_shows_the_obstacles(monkeypatch, no_launc
         s._register_ddp_hooks()
     ddp_strategy.model.register_comm_hook.assert_not_called()
     mccl_strategy.model.register_comm_hook.assert_called_once_with(state=None, hook=default_hooks.allreduce_hook)
+
+
+def test_the_diloco_fleet_config_instantiates_through_lightning_cli(mps_stand_in, tmp_path):
+    """configs/vit_fleet24_diloco.yaml's trainer section (its strategy as LightningCLI builds it from YAML) on the
+    MPS stand-in, with the tiny model of these tests instead of the recipe's ViT."""
+    from pathlib import Path
+
+    import yaml
+    from lightning.pytorch.accelerators import MPSAccelerator
+    from lightning.pytorch.cli import LightningCLI
+
+    from fit_script import TinyModel
+    from lightning_mccl.lightning import MCCLStrategy
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "vit_fleet24_diloco.yaml").read_text())
+    path = tmp_path / "trainer.yaml"
+    path.write_text(yaml.safe_dump({"trainer": {**config["trainer"], "logger": False}}))
+    with mock.patch.object(sys, "argv", ["train.py"]):
+        cli = LightningCLI(TinyModel, run=False, save_config_callback=None,
+                           args=[f"--config={path}", f"--trainer.default_root_dir={tmp_path}"])
+    strategy = cli.trainer.strategy
+    assert type(strategy) is MCCLStrategy and isinstance(cli.trainer.accelerator, MPSAccelerator)
+    assert cli.trainer.num_nodes == 24
+    assert (strategy.sync, strategy.sync_every, strategy.sync_delay, strategy.outer_lr, strategy.outer_momentum,
+            strategy.compress) == ("diloco", 8, 1, 0.7, 0.9, "bf16")
+    assert strategy._diloco_config.wire == "bf16" and strategy._timeout == timedelta(seconds=600)

@@ -126,6 +126,7 @@ def no_network(monkeypatch):
 # (1) the README's main job
 
 
+@pytest.mark.slow
 def test_main_job_two_ranks_reach_stated_accuracy(tmp_path):
     config = yaml.safe_load(LOCAL.read_text())
     assert config["trainer"]["strategy"] == "mccl" and config["trainer"]["devices"] == 2
@@ -179,6 +180,7 @@ EVERY_EPOCH_CHECKPOINTS = ('[{"class_path": "lightning.pytorch.callbacks.ModelCh
                            '"init_args": {"save_last": true, "save_top_k": -1}}]')
 
 
+@pytest.mark.slow
 def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path):
     """The run of `epochs` epochs keeps its checkpoint after `half`; a second run resumed from it (a new
     process, as after an interruption) must end with the uninterrupted run's weights and optimizer state."""

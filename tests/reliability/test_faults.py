@@ -14,6 +14,8 @@ from reliability.fault_trials import fault_trial, mismatch_trial
 from reliability.garbage import BASIC_KINDS
 from reliability.garbage_trials import garbage_trial, reference_digest
 
+pytestmark = pytest.mark.slow  # make test-quick leaves these out (docs/testing.md)
+
 SMALL = 1024          # float32 elements: 4 KiB
 LARGE = 4 << 20       # 16 MiB
 

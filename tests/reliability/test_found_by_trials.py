@@ -13,6 +13,8 @@ from reliability_env import bounded
 from reliability.fault_trials import mismatch_trial
 from reliability.garbage_trials import garbage_trial
 
+pytestmark = pytest.mark.slow  # make test-quick leaves these out (docs/testing.md)
+
 
 def test_an_impersonating_client_is_refused():
     rec = bounded(garbage_trial, 60, world=3, rendezvous_connections=1, training_connections=0,

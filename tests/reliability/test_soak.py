@@ -6,8 +6,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from reliability_env import BENCHMARKS
 from reliability.growth import verdict
+
+pytestmark = pytest.mark.slow  # make test-quick leaves these out (docs/testing.md)
 
 
 def test_growth_verdict_tells_a_leak_from_a_warm_up():

@@ -1,10 +1,14 @@
 """Hostfile parsing and node-rank discovery (lightning_mccl.hostfile): the formats, and every error case
 with the message that names the cause."""
 import json
+import socket
+import time
 
 import pytest
 
-from lightning_mccl.hostfile import Host, HostfileError, find_node_rank, load_hostfile, parse_hostfile
+from lightning_mccl import hostfile as hostfile_module
+from lightning_mccl.hostfile import (Host, HostfileError, check_addresses, find_node_rank, load_hostfile,
+                                     parse_hostfile)
 
 YAML = """\
 master_port: 29600
@@ -28,6 +32,9 @@ def test_yaml_and_json_give_the_same_fleet(tmp_path):
                                   Host("studio-03.local", "studio-03.local"))
     assert a.master_port == b.master_port == 29600
     assert a.num_nodes == 3 and a.master_addr == "10.0.0.11"
+    assert a.lines == (3, 4, 6) and b.lines == (1, 1, 1)  # where each host's entry starts (JSON: one line)
+    assert a.where(1) == f"{y}:4: hosts[1] (studio-02)"
+    assert parse_hostfile(["x"]).where(0) == "<memory>: hosts[0] (x)"  # no file, no line
 
 
 def test_bare_list_and_default_port():
@@ -103,3 +110,51 @@ def test_local_addresses_include_loopback():
     from lightning_mccl.hostfile import local_addresses
 
     assert "127.0.0.1" in local_addresses()
+
+
+BAD_ADDRESSES = """\
+hosts:
+  - {name: mac-0, addr: 10.0.0.11}
+  - {name: mac-1, addr: 10.0.0.311}
+  - name: mac-2
+    addr: 10.0.0.13/24
+  - {name: mac-3, addr: nosuch.example}
+  - {name: mac-4, addr: slow.example}
+  - {name: mac-5, addr: fine.example}
+  - {name: mac-6, addr: 0.0.0.0}
+"""
+
+
+def test_check_addresses_names_every_bad_entry_with_its_line(tmp_path, monkeypatch):
+    def getaddrinfo(name, *args, **kwargs):
+        if name == "slow.example":
+            time.sleep(5)
+        if name == "nosuch.example":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.16", 0))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    path = tmp_path / "fleet.yaml"
+    path.write_text(BAD_ADDRESSES)
+    start = time.monotonic()
+    with pytest.raises(HostfileError) as info:
+        check_addresses(load_hostfile(path), timeout=0.5)
+    assert time.monotonic() - start < 2.0  # the slow name is given up on at the timeout
+    assert str(info.value).splitlines() == [
+        f"{path}:3: hosts[1] (mac-1): addr '10.0.0.311' is not an IPv4 address (Octet 311 (> 255) not permitted "
+        "in '10.0.0.311')",
+        f"{path}:4: hosts[2] (mac-2): addr '10.0.0.13/24' is neither an IP address nor a host name",
+        f"{path}:6: hosts[3] (mac-3): addr 'nosuch.example' does not resolve here (Name or service not known)",
+        f"{path}:7: hosts[4] (mac-4): addr 'slow.example' does not resolve here within 0.5 s",
+        f"{path}:9: hosts[6] (mac-6): addr '0.0.0.0' is the unspecified address, which no peer can connect to",
+        "each host's addr must be the IP address (or a name that resolves to it) its peers reach it at, e.g. 10.0.0.12",
+    ]
+    good = parse_hostfile([{"name": "a", "addr": "10.0.0.1"}, {"name": "b", "addr": "fe80::1%en0"}, "fine.example"])
+    check_addresses(good)  # IP addresses are never looked up; a name that resolves is fine
+
+
+@pytest.mark.parametrize("addr, ok", [("studio-01", True), ("studio-01.local", True), ("10.0.0.1", True),
+                                      ("1.2.3", False), ("studio 01", False), ("-x", False), ("a..b", False),
+                                      ("224.0.0.1", False)])
+def test_address_syntax(addr, ok):
+    assert (hostfile_module.address_problem(addr) is None) == ok

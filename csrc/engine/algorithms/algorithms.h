@@ -2,6 +2,7 @@
 // this rank's part is complete (or throws). Buffers are raw bytes; counts are elements of c.dtype().
 #pragma once
 
+#include <algorithm>
 #include <vector>
 
 #include "../collective.h"
@@ -17,6 +18,14 @@ void ring_allgather(Collective& c, const std::vector<Segment>& segs, uint32_t st
 // The two in one (steps 0..n-2, then n-1..2n-3): on return every segs[k] holds the reduction of all
 // ranks' segs[k] (divided by size() for AVG).
 void ring_allreduce(Collective& c, const std::vector<Segment>& segs);
+// Pieces of a segment, the pipelining unit of the ring and the exchange: at least one (an empty frame still
+// tells the peer what we called), the last one clamped to the segment's end.
+struct Pieces {
+  size_t piece;  // bytes (Collective::piece_bytes)
+  size_t count(const Segment& seg) const { return std::max<size_t>(1, (seg.bytes + piece - 1) / piece); }
+  size_t begin(const Segment& seg, size_t p) const { return std::min(seg.bytes, p * piece); }
+  size_t length(const Segment& seg, size_t p) const { return std::min(seg.bytes, (p + 1) * piece) - begin(seg, p); }
+};
 // Splits `bytes` into size() segments of whole elements, as evenly as possible (the first ones get
 // one more element), with logical offsets starting at 0.
 std::vector<Segment> even_segments(char* data, size_t count, size_t element_size, int parts);
@@ -27,6 +36,8 @@ std::vector<Segment> even_segments(char* data, size_t count, size_t element_size
 void allreduce(Collective& c, void* buf, size_t count);
 void allreduce_ring(Collective& c, void* buf, size_t count);
 void allreduce_recursive_doubling(Collective& c, void* buf, size_t count);
+// --- reduce_once.cc: every segment reduced once, at its owner ---------------------------------------
+void allreduce_reduce_once(Collective& c, void* buf, size_t count);
 
 // --- rooted.cc: one rank is the source or the destination ---------------------------------------
 void broadcast(Collective& c, void* buf, size_t count, int root);

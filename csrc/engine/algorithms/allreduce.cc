@@ -12,13 +12,15 @@ constexpr uint32_t kUnfoldStep = 0xFFFF;  // header step of the unfold message, 
 }  // namespace
 
 // Recursive doubling sends the whole buffer log2(n) times but takes only log2(n) steps; the ring sends
-// 2(n-1)/n of it in 2(n-1) steps. select.cc holds where one overtakes the other.
+// 2(n-1)/n of it in 2(n-1) steps. select.cc holds where one overtakes the other, and sends the 8-bit
+// allreduce to the reduce-once exchange (reduce_once.cc).
 void allreduce(Collective& c, void* buf, size_t count) {
   const size_t bytes = count * dtype_size(c.dtype());
-  if (select_algorithm(c.config(), CollectiveKind::kAllreduce, c.size(), bytes, count) == AlgoChoice::kRing)
-    allreduce_ring(c, buf, count);
-  else
-    allreduce_recursive_doubling(c, buf, count);
+  switch (select_algorithm(c.config(), CollectiveKind::kAllreduce, c.size(), bytes, count, c.wire_type())) {
+    case AlgoChoice::kRing: return allreduce_ring(c, buf, count);
+    case AlgoChoice::kReduceOnce: return allreduce_reduce_once(c, buf, count);
+    default: return allreduce_recursive_doubling(c, buf, count);
+  }
 }
 
 void allreduce_ring(Collective& c, void* buf, size_t count) {
@@ -40,7 +42,6 @@ void allreduce_recursive_doubling(Collective& c, void* buf, size_t count) {
     int p = 1;
     while (p * 2 <= n) p *= 2;
     const int extra = n - p;
-    char* incoming = c.scratch(0, bytes);
     uint32_t step = 0;
 
     int new_rank;
@@ -52,8 +53,9 @@ void allreduce_recursive_doubling(Collective& c, void* buf, size_t count) {
         c.wait(back);
         new_rank = -1;
       } else {
-        c.wait(c.recv(r - 1, incoming, bytes, 0, step));
-        c.reduce(data, incoming, count);
+        auto in = c.recv_to_reduce(r - 1, bytes, 0, step);
+        c.wait(in);
+        c.reduce_received(data, in, bytes);
         new_rank = r / 2;
       }
     } else {
@@ -65,14 +67,14 @@ void allreduce_recursive_doubling(Collective& c, void* buf, size_t count) {
       auto real_rank = [extra](int v) { return v < extra ? v * 2 + 1 : v + extra; };
       for (int mask = 1; mask < p; mask <<= 1, ++step) {
         int partner = real_rank(new_rank ^ mask);
-        c.round_to_wire(data, bytes);  // both partners then add the same two (rounded) operands
-        auto in = c.recv(partner, incoming, bytes, 0, step);
+        c.keep_as_sent(data, bytes);  // both partners then add the same two operands
+        auto in = c.recv_to_reduce(partner, bytes, 0, step);
         auto out = c.send(partner, data, bytes, 0, step);
         c.wait(in);
         c.wait(out);  // `data` is about to change: the send must have left it
-        c.reduce(data, incoming, count);
+        c.reduce_received(data, in, bytes);
       }
-      c.round_to_wire(data, bytes);  // what the folded-out ranks will receive
+      c.keep_as_sent(data, bytes);  // what the folded-out ranks will receive
       if (r < 2 * extra) c.wait(c.send(r - 1, data, bytes, 0, kUnfoldStep));
     }
   }

@@ -59,15 +59,23 @@ void reduce_scatter(Collective& c, const void* in, size_t count, void* out) {
     reduce_scatter_ring(c, in, count, out);
 }
 
+// The ring reduce-scatter reads each block of the input where it is, when it first needs it, and sums into
+// scratch, this rank's own block into `out`: no copy of the input before the first piece is on the wire.
 void reduce_scatter_ring(Collective& c, const void* in, size_t count, void* out) {
   const int n = c.size(), r = c.rank();
   const size_t bytes = count * dtype_size(c.dtype());
+  const char* input = static_cast<const char*>(in);
+  if (n == 1) {
+    if (bytes && out != in) std::memmove(out, in, bytes);
+    return;
+  }
   char* work = c.scratch(1, bytes * n);
-  if (bytes) std::memcpy(work, in, bytes * n);
   std::vector<Segment> segs(n);
-  for (int k = 0; k < n; ++k) segs[k] = {work + k * bytes, bytes, static_cast<uint64_t>(k) * bytes};
+  for (int k = 0; k < n; ++k) {
+    char* sum = k == r ? static_cast<char*>(out) : work + k * bytes;
+    segs[k] = {sum, bytes, static_cast<uint64_t>(k) * bytes, input + k * bytes};
+  }
   ring_reduce_scatter(c, segs, 0);
-  if (bytes) std::memcpy(out, segs[r].data, bytes);
   if (c.op() == ReduceOp::kAvg) divide_by(out, count, c.dtype(), n);
 }
 
@@ -77,7 +85,7 @@ void reduce_scatter_ring(Collective& c, const void* in, size_t count, void* out)
 void reduce_scatter_recursive_doubling(Collective& c, const void* in, size_t count, void* out) {
   const int n = c.size(), r = c.rank();
   const size_t bytes = count * dtype_size(c.dtype());
-  char* work = c.scratch(1, bytes * n);  // allreduce_recursive_doubling uses slot 0
+  char* work = c.scratch(1, bytes * n);
   if (bytes) std::memcpy(work, in, bytes * n);
   allreduce_recursive_doubling(c, work, count * static_cast<size_t>(n));
   if (bytes) std::memcpy(out, work + static_cast<size_t>(r) * bytes, bytes);

@@ -7,45 +7,31 @@
 // Reduce-scatter schedule, n ranks, buffer in n segments: at step s (0 <= s < n-1) rank r sends
 // segment (r-s-1) and receives segment (r-s-2), which it reduces into its own copy. What it receives
 // at step s is what it sends at step s+1, so after n-1 steps segment r holds everyone's
-// contribution. Each segment moves as pieces: a piece received at step s is reduced and forwarded at
-// once, while the next pieces are still on the wire. Receives land in scratch slots (step s in slot
-// s % slots), posted `slots` steps ahead: ranks upstream may run several steps ahead of us, and a
-// frame whose receive is already posted lands in place instead of in an unexpected-frame copy.
-// slots covers as many steps as MCCL_RING_LOOKAHEAD_BYTES of scratch holds, at least 2 (double buffer).
-// Compressed pieces land in wire buffers instead (collective.h), posted as many steps ahead.
+// contribution. Each segment moves as pieces: a piece received at step s is reduced and sent on at
+// once (in the same pass over it), while the next pieces are still on the wire. Receives are posted
+// `slots` steps ahead: ranks upstream may run several steps ahead of us, and a frame whose receive is
+// already posted lands in a buffer of its own instead of in an unexpected-frame copy. slots covers as
+// many steps as MCCL_RING_LOOKAHEAD_BYTES holds, at least 2 (double buffer).
 //
 // All-gather schedule: at step s rank r sends segment (r-s) and receives segment (r-s-1) straight
-// into its final place (zero-copy); a received piece is forwarded at step s+1 from where it landed.
+// into its final place; a received piece is forwarded at step s+1 as it came.
 //
 // Allreduce: the reduce-scatter, then the all-gather, with no seam between them. In the reduce-scatter's
 // last step rank r receives the last contribution to its own segment, piece by piece, and each piece is
 // final once reduced: it is divided (AVG) and sent on as the all-gather's step 0 at once, while the next
 // pieces are still arriving. The all-gather's receives are posted just before that step.
 //
-// Wire compression (MCCL_WIRE_DTYPE): pieces travel as bf16/fp16 (MCCL_CHUNK_BYTES of them on the wire).
-// The reduce-scatter widens a received piece inside the reduction and narrows the partial sum for the next
-// hop in the same pass (tile by tile: each partial sum is rounded once per hop). Data a rank keeps and also
-// sends is rounded through the wire type in place (the allreduce's final pieces in that same pass, the
-// all-gather's own segment before it starts). The all-gather widens each received piece into place as it
-// arrives and forwards it as it came (no second conversion), so every rank ends with the same bits.
+// The ring never sees the wire format (codec.h): a piece travels in the collective's format, a partial sum
+// is encoded for the next hop in the pass that reduces it, and data a rank keeps and sends is left holding
+// what the others receive, so every rank ends with the same bits.
 #include <algorithm>
 
-#include "../reduce.h"
 #include "algorithms.h"
 
 namespace mccl {
 namespace {
 
 int wrap(int value, int n) { return ((value % n) + n) % n; }
-
-// Pieces of a segment: at least one (an empty frame still tells the peer what we called),
-// the last one clamped to the segment's end.
-struct Pieces {
-  size_t piece;
-  size_t count(const Segment& seg) const { return std::max<size_t>(1, (seg.bytes + piece - 1) / piece); }
-  size_t begin(const Segment& seg, size_t p) const { return std::min(seg.bytes, p * piece); }
-  size_t length(const Segment& seg, size_t p) const { return std::min(seg.bytes, (p + 1) * piece) - begin(seg, p); }
-};
 
 }  // namespace
 
@@ -63,18 +49,18 @@ std::vector<Segment> even_segments(char* data, size_t count, size_t element_size
 namespace {
 
 // The all-gather's half of the ring, in three parts, so that an allreduce can start it inside its
-// reduce-scatter: post every receive, send this rank's own segment piece by piece (each one final and,
-// compressed, already rounded), then forward what arrives.
+// reduce-scatter: post every receive, send this rank's own segment piece by piece (each one final), then
+// forward what arrives.
 class Allgather {
  public:
   Allgather(Collective& c, const std::vector<Segment>& segs, uint32_t step_base)
       : c_(c), segs_(segs), step_base_(step_base), n_(c.size()), r_(c.rank()), right_(wrap(r_ + 1, n_)),
-        left_(wrap(r_ - 1, n_)), steps_(n_ - 1), pieces_{c.piece_bytes(dtype_size(c.dtype()))}, recvs_(steps_) {}
+        left_(wrap(r_ - 1, n_)), steps_(n_ - 1), pieces_{c.piece_bytes()}, recvs_(steps_) {}
 
   const Segment& own() const { return segs_[r_]; }
   const Pieces& pieces() const { return pieces_; }
 
-  // Every receive, straight into its final place (zero-copy; compressed, into wire buffers kept to forward).
+  // Every receive, straight into its final place, kept to forward.
   void post_recvs() {
     for (int s = 0; s < steps_; ++s) {
       const Segment& seg = arriving(s);
@@ -86,14 +72,17 @@ class Allgather {
     }
   }
 
-  // Piece p of this rank's own segment, which holds its final value (`narrowed`: its wire form, or null).
-  void send_own(size_t p, char* narrowed) {
+  // Where piece p of this rank's own segment goes.
+  Onward own_frame(size_t p) const { return {right_, own().offset + pieces_.begin(own(), p), step_base_}; }
+  // Piece p of this rank's own segment, which holds its final value.
+  void send_own(size_t p) {
     const size_t at = pieces_.begin(own(), p);
-    sends_.push_back(c_.send_narrowed(right_, own().data + at, narrowed, pieces_.length(own(), p),
-                                      own().offset + at, step_base_));
+    sends_.push_back(c_.send(right_, own().data + at, pieces_.length(own(), p), own().offset + at, step_base_));
   }
+  // The send of an own piece that the reduce-scatter posted.
+  void sent_own(RequestPtr send) { sends_.push_back(std::move(send)); }
 
-  // Each piece is forwarded as it came (compressed, it was widened into its place when it arrived).
+  // Each piece is forwarded as it came.
   void finish() {
     for (int s = 0; s < steps_; ++s) {
       const Segment& seg = arriving(s);
@@ -121,18 +110,16 @@ class Allgather {
 // The reduce-scatter's schedule (top of this file). With `then`, this rank's own segment is final piece by
 // piece in the last step, and each piece goes on at once as the all-gather's first (`then` has posted its
 // receives by then, after every receive of this one, so that frames meet receives in the order they come).
-void reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32_t step_base, Allgather* then) {
+// Segments whose values are elsewhere (Segment::own) are read from there by the step that first needs them,
+// so nothing is copied before the first piece is on the wire (`then` needs the values in place).
+void reduce_scatter_pipelined(Collective& c, const std::vector<Segment>& segs, uint32_t step_base, Allgather* then) {
   const int n = c.size(), r = c.rank();
   const int right = wrap(r + 1, n), left = wrap(r - 1, n), steps = n - 1;
-  const size_t esize = dtype_size(c.dtype());
-  const Pieces pieces{c.piece_bytes(esize)};
+  const Pieces pieces{c.piece_bytes()};
   size_t max_seg = 0;
   for (const auto& seg : segs) max_seg = std::max(max_seg, seg.bytes);
   const size_t fit = c.config().ring_lookahead_bytes / std::max<size_t>(max_seg, 1);
   const int slots = static_cast<int>(std::min<size_t>(steps, std::max<size_t>(2, fit)));
-  // Compressed, recv_for_reduce receives into wire buffers: no scratch (it is zero-filled when it grows, up
-  // to MCCL_RING_LOOKAHEAD_BYTES, for nothing), and no landing.
-  char* scratch = c.compressed() ? nullptr : c.scratch(0, static_cast<size_t>(slots) * max_seg);
 
   auto send_seg = [&](int s) -> const Segment& { return segs[wrap(r - s - 1, n)]; };
   auto recv_seg = [&](int s) -> const Segment& { return segs[wrap(r - s - 2, n)]; };
@@ -142,8 +129,7 @@ void reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32_t st
     const Segment& seg = recv_seg(s);
     for (size_t p = 0; p < pieces.count(seg); ++p) {
       size_t at = pieces.begin(seg, p);
-      char* landing = scratch ? scratch + (s % slots) * max_seg + at : nullptr;
-      recvs[s].push_back(c.recv_for_reduce(left, landing, pieces.length(seg, p), seg.offset + at, step_base + s));
+      recvs[s].push_back(c.recv_to_reduce(left, pieces.length(seg, p), seg.offset + at, step_base + s));
     }
   };
 
@@ -151,26 +137,23 @@ void reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32_t st
   for (size_t p = 0; p < pieces.count(send_seg(0)); ++p) {
     const Segment& seg = send_seg(0);
     size_t at = pieces.begin(seg, p);
-    sends.push_back(c.send(right, seg.data + at, pieces.length(seg, p), seg.offset + at, step_base));
+    sends.push_back(c.send(right, seg.values() + at, pieces.length(seg, p), seg.offset + at, step_base));
   }
   for (int s = 0; s < steps; ++s) {
     const bool last = s + 1 == steps;
     if (last && then) then->post_recvs();
     const Segment& seg = recv_seg(s);
     for (size_t p = 0; p < pieces.count(seg); ++p) {
-      size_t at = pieces.begin(seg, p), len = pieces.length(seg, p);
+      const size_t at = pieces.begin(seg, p), len = pieces.length(seg, p);
+      const char* own = seg.own ? seg.own + at : nullptr;  // each segment is reduced into once: here
       c.wait(recvs[s][p]);
-      // Compressed, what goes on is narrowed in the same pass.
-      char* narrowed = !last || then ? c.wire_buffer(len) : nullptr;
-      if (!last) {
-        c.reduce_received(seg.data + at, recvs[s][p], len, narrowed);
-        sends.push_back(c.send_narrowed(right, seg.data + at, narrowed, len, seg.offset + at, step_base + s + 1));
-      } else if (then) {
-        c.reduce_final(seg.data + at, recvs[s][p], len, narrowed);
-        then->send_own(p, narrowed);
-      } else {
-        c.reduce_received(seg.data + at, recvs[s][p], len);
-      }
+      if (!last)
+        sends.push_back(c.reduce_and_send(seg.data + at, recvs[s][p], len, {right, seg.offset + at, step_base + s + 1},
+                                          own));
+      else if (then)
+        then->sent_own(c.reduce_final_and_send(seg.data + at, recvs[s][p], len, then->own_frame(p)));
+      else
+        c.reduce_received(seg.data + at, recvs[s][p], len, own);
     }
     if (s + slots < steps) post_recvs(s + slots);
   }
@@ -180,25 +163,25 @@ void reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32_t st
 }  // namespace
 
 void ring_reduce_scatter(Collective& c, const std::vector<Segment>& segs, uint32_t step_base) {
-  if (c.size() > 1) reduce_scatter(c, segs, step_base, nullptr);
+  if (c.size() > 1) reduce_scatter_pipelined(c, segs, step_base, nullptr);
 }
 
 void ring_allgather(Collective& c, const std::vector<Segment>& segs, uint32_t step_base) {
   if (c.size() == 1) return;
   Allgather gather(c, segs, step_base);
   gather.post_recvs();
-  c.round_to_wire(gather.own().data, gather.own().bytes);  // this rank keeps what the others receive
-  for (size_t p = 0; p < gather.pieces().count(gather.own()); ++p) gather.send_own(p, nullptr);
+  c.keep_as_sent(gather.own().data, gather.own().bytes);  // this rank keeps what the others receive
+  for (size_t p = 0; p < gather.pieces().count(gather.own()); ++p) gather.send_own(p);
   gather.finish();
 }
 
 // The all-gather starts inside the reduce-scatter: the last step's pieces go on as soon as each is
-// reduced (divided for AVG, and rounded), with no pass over the segment and no drain between the halves.
+// reduced (divided for AVG), with no pass over the segment and no drain between the halves.
 void ring_allreduce(Collective& c, const std::vector<Segment>& segs) {
   const int n = c.size();
   if (n == 1) return;
   Allgather gather(c, segs, static_cast<uint32_t>(n - 1));
-  reduce_scatter(c, segs, 0, &gather);
+  reduce_scatter_pipelined(c, segs, 0, &gather);
   gather.finish();
 }
 

@@ -30,7 +30,6 @@ void broadcast(Collective& c, void* buf, size_t count, int root) {
   if (n == 1) return;
   const size_t esize = dtype_size(c.dtype()), bytes = count * esize;
   char* data = static_cast<char*>(buf);
-  if (r == root) c.round_to_wire(data, bytes);  // the root keeps what the others receive
   if (tree(c, CollectiveKind::kBroadcast, count)) {
     const Relative rel{n, root};
     const int vr = rel.of(r);
@@ -69,27 +68,26 @@ void reduce(Collective& c, void* buf, size_t count, int root) {
   const int n = c.size(), r = c.rank();
   const size_t esize = dtype_size(c.dtype()), bytes = count * esize;
   char* data = static_cast<char*>(buf);
-  char* acc = data;
-  if (n > 1 && r != root) {
-    acc = c.scratch(1, bytes);
-    if (bytes) std::memcpy(acc, data, bytes);
-  }
+  char* acc = n > 1 && r != root ? c.scratch(1, bytes) : data;  // partial sums of a non-root rank
   if (n > 1 && tree(c, CollectiveKind::kReduce, count)) {
+    if (bytes && acc != data) std::memcpy(acc, data, bytes);
     const Relative rel{n, root};
     const int vr = rel.of(r);
-    char* incoming = c.scratch(0, bytes);
     for (int mask = 1; mask < n; mask <<= 1) {
       if (vr & mask) {
         c.wait(c.send(rel.real(vr - mask), acc, bytes, 0, 0));
         break;
       }
       if (vr + mask < n) {
-        c.wait(c.recv(rel.real(vr + mask), incoming, bytes, 0, 0));
-        c.reduce(acc, incoming, count);
+        auto in = c.recv_to_reduce(rel.real(vr + mask), bytes, 0, 0);
+        c.wait(in);
+        c.reduce_received(acc, in, bytes);
       }
     }
   } else if (n > 1) {
     auto segs = even_segments(acc, count, esize, n);
+    if (acc != data)  // the ring reads this rank's values where they are, as it needs them
+      for (Segment& seg : segs) seg.own = data + seg.offset;
     ring_reduce_scatter(c, segs, 0);
     const uint32_t gather_step = static_cast<uint32_t>(n);
     if (r == root) {

@@ -1,5 +1,5 @@
-// The algorithm table. Each entry cites the measurement it came from (benchmarks/gpu_host/algos.sh measures
-// them all again).
+// The algorithm table. Each entry cites the measurement it came from (docs/settings.md, *The algorithm
+// table*; `bash benchmarks/gpu_host/run.sh algos` measures sweep A again).
 #include "select.h"
 
 #include <climits>
@@ -24,10 +24,10 @@ constexpr AlgoChoice kRd = AlgoChoice::kRecursiveDoubling, kRing = AlgoChoice::k
 
 // Two sweeps, both loopback on the GPU host, float32, with every latency-optimal algorithm forced against
 // every ring (the largest size at which the latency algorithm was still faster, then the next size):
-// - A: benchmarks/results/h200_algos_W{4,8}/ (benchmarks/gpu_host/algos.sh: 16 cores, 4 ranks x 4 cores and
+// - A: benchmarks/results/h200_algos/ (`benchmarks/gpu_host/run.sh algos`: 16 cores, 4 ranks x 4 cores and
 //   8 ranks x 2 cores, the user's case of several cores per rank);
-// - B: benchmarks/results/h200x2_algo_rd_vs_ring_W*.md (allreduce only, 32 cores, 16 and 24 ranks at about
-//   one core each).
+// - B: benchmarks/results/h200x2_algo_rd_vs_ring/ (allreduce only, 32 cores, 4-24 ranks; the entries take
+//   16 and 24 ranks, at about one core each, and W8 as a check of A).
 // Above 8 ranks the other collectives keep their 8-rank entry (not measured there).
 constexpr Entry kTable[] = {
     {CollectiveKind::kAllreduce, 4, 64 * KiB, kRd, kRing, "A W4: rd 1.30x at 64 KiB, 1.00x at 128 KiB"},
@@ -96,7 +96,12 @@ size_t latency_max_bytes(const Config& config, CollectiveKind kind, int world) {
   return e ? e->max_bytes : 0;
 }
 
-AlgoChoice select_algorithm(const Config& config, CollectiveKind kind, int world, size_t bytes, size_t count) {
+AlgoChoice select_algorithm(const Config& config, CollectiveKind kind, int world, size_t bytes, size_t count,
+                            WireType wire) {
+  // The 8-bit allreduce reduces once, at each segment's owner, whatever its size and MCCL_ALGO: its error does
+  // not grow with the world size (docs/int8.md), and each rank quantises each value once, which its error
+  // feedback needs.
+  if (kind == CollectiveKind::kAllreduce && wire == WireType::kInt8Blocks) return AlgoChoice::kReduceOnce;
   const Entry* e = entry_for(kind, world);
   if (e == nullptr) return AlgoChoice::kRing;
   if (AlgoChoice f = forced(config, kind); f != AlgoChoice::kAuto) return f;

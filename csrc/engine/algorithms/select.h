@@ -4,7 +4,7 @@
 // bandwidth-optimal one (the ring: few bytes, n-1 steps). `auto` runs the latency-optimal one up to
 // a size threshold, the ring above it. Each threshold has its own variable (0, the default: the
 // table's entry for this world size) and each collective its own forcing variable, so every choice
-// can be measured (benchmarks/gpu_host/algos.sh) and pinned:
+// can be measured (`bash benchmarks/gpu_host/run.sh algos`, docs/settings.md) and pinned:
 //
 //   collective      forcing variable (values)                   threshold variable
 //   allreduce       MCCL_ALGO (auto, ring, rd)                  MCCL_RD_MAX_BYTES
@@ -19,6 +19,7 @@
 
 #include <cstddef>
 
+#include "../codec.h"
 #include "../config.h"
 #include "../wire.h"
 
@@ -27,7 +28,9 @@ namespace mccl {
 // The algorithm `kind` runs on `world` ranks for a collective of `bytes` (counted as above) and
 // `count` elements per rank. Never kAuto. Only allreduce, broadcast, reduce, allgather and
 // reduce_scatter have a choice; the other kinds get kRing (unused).
-AlgoChoice select_algorithm(const Config& config, CollectiveKind kind, int world, size_t bytes, size_t count);
+// An allreduce whose payloads travel as `wire` may be held to the algorithm that suits it (the 8-bit one).
+AlgoChoice select_algorithm(const Config& config, CollectiveKind kind, int world, size_t bytes, size_t count,
+                            WireType wire = WireType::kExact);
 
 // A 32-bit digest of the forcing and threshold variables of broadcast, reduce, allgather and
 // reduce_scatter, compared when ranks connect (MCCL_ALGO and MCCL_RD_MAX_BYTES travel as themselves);

@@ -67,5 +67,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return e.code or 0
         sys.stderr.write(f"{e.code}\n")
         return 1
-    except KeyboardInterrupt:  # before the supervisor took over the signals
+    except KeyboardInterrupt:  # before (or between) the supervisor's runs, which handle it themselves
+        sys.stderr.write("mccl: interrupted\n")
         return 130

@@ -33,6 +33,7 @@ from .host_checks import FAIL, OK, Finding, judge, path_fix
 from . import doctor_reduction
 from .console import make_log, stderr_console, stdout_console
 from .doctor_bench import RESULT_MARKER
+from .error_line import first_error
 from .fleet_args import _positive_int, _positive_seconds, add_fleet_arguments, plan_from_args
 from .launch import supervise
 from .launch_plan import LaunchError, LaunchPlan
@@ -188,7 +189,8 @@ def hosts_table(reports: Sequence[HostReport], port: int) -> Table:
 
 
 def setup_findings(reports: Sequence[HostReport]) -> List[Finding]:
-    return [f for r in reports if r.info is not None and r.info.get("setup") for f in judge(r.name, r.info["setup"])]
+    return [f for r in reports if r.info is not None and r.info.get("setup")
+            for f in judge(r.name, r.info["setup"], r.addr)]
 
 
 def setup_table(findings: Sequence[Finding]) -> Table:
@@ -236,7 +238,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     if command:
         parser.error("mccl doctor takes no command")
     try:
-        probe_plan = plan_from_args(args, [args.python, "-c", PROBE_SOURCE])
+        probe_plan = plan_from_args(args, [args.python, "-c", PROBE_SOURCE], nproc_per_node=1)  # one rank a host
     except (LaunchError, HostfileError) as e:
         parser.error(str(e))
     log = make_log(stderr_console(), "mccl doctor")
@@ -248,6 +250,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
         f"({'this machine' if probe_plan.is_local else 'over ssh'}) with {probe_plan.python}")
     captured = CapturedOutput(specs, echo=args.verbose)
     outcome = supervise(probe_plan, log=log, output=captured, fail_fast=False, timeout=PROBE_TIMEOUT_S)
+    if outcome.signal is not None:  # Ctrl-C: the Supervisor said so, in one line; what the hosts said is moot
+        return 128 + outcome.signal
     codes = {e.spec.rank: e.returncode for e in outcome.exits}
     reports = [HostReport(i, h.name, h.addr, codes.get(i), captured.marked(i, PROBE_MARKER), captured.tail(i))
                for i, h in enumerate(probe_plan.hosts)]
@@ -283,11 +287,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     specs = bench_plan.rank_specs()
     captured = CapturedOutput(specs, echo=args.verbose)
     outcome = supervise(bench_plan, log=log, output=captured, fail_fast=True, timeout=args.timeout)
+    if outcome.signal is not None:  # Ctrl-C (also while the ranks stopped after a failure): one line, above
+        return 128 + outcome.signal
     result = captured.marked(0, RESULT_MARKER) if outcome.returncode == 0 else None
     if result is None:
         rank = outcome.failed.spec.rank if outcome.failed is not None else 0
-        log(f"the measurement failed ({outcome.reason}, exit code {outcome.returncode}); "
-            f"the last output of rank {rank} ({bench_plan.hosts[rank].name}):")
+        error = first_error(captured.lines.get(rank, []))
+        log(f"the measurement failed ({outcome.reason}, exit code {outcome.returncode})"
+            + (f": rank {rank} ({bench_plan.hosts[rank].name}): {error}" if error else "")
+            + f"; the last output of rank {rank} ({bench_plan.hosts[rank].name}):")
         for text in captured.tail(rank, 25):
             log(f"    {text}")
         return 1

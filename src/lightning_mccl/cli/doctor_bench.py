@@ -2,7 +2,9 @@
 
     python -m lightning_mccl.cli.doctor_bench --size-mib 16      # with torchrun's environment variables
 
-Over the `mccl` backend (env:// rendezvous), for every pair of ranks (a < b):
+Over the `mccl` backend, after `lightning_mccl.rendezvous` (torchrun's variables; it names the ranks that
+did not arrive, and ends at --pg-timeout with a RendezvousError, one line on stderr), for every pair of
+ranks (a < b):
 
 - latency: the median round trip of a 4-byte send/recv ping-pong started by a, reported halved (one-way,
   as osu_latency does);
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -141,8 +144,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import torch.distributed as dist
 
     import lightning_mccl  # noqa: F401  (registers the backend)
+    from ..rendezvous import RendezvousError, rendezvous
 
-    dist.init_process_group("mccl", timeout=timedelta(seconds=args.pg_timeout))
+    timeout = timedelta(seconds=args.pg_timeout)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    try:
+        store = rendezvous(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, world, timeout)
+    except RendezvousError as e:
+        sys.stderr.write(f"RendezvousError: {e}\n")
+        return 1
+    dist.init_process_group("mccl", store=store, rank=rank, world_size=world, timeout=timeout)
     try:
         result = measure(int(args.size_mib * (1 << 20)), args.iters, args.latency_iters)
         reduction = doctor_reduction.reports(dist)  # every rank

@@ -58,10 +58,13 @@ def reports(dist) -> List[dict]:
     from lightning_mccl.metal.kernels import MetalReducer
     from lightning_mccl.metal.settings import MetalSettings
 
+    from lightning_mccl.rendezvous import launcher_hosts
+
     settings = MetalSettings.from_env()
     vote = own_vote(settings, MetalReducer() if settings.mode != "0" else None)
-    mine = {"host": socket.gethostname(), "machine": platform.machine(), "cpu": cpu_vector_path(),
-            "vote": vote, "mps": mps_path()}
+    hosts = launcher_hosts(dist.get_world_size())  # the launcher's names, as its [host rN] prefixes say
+    mine = {"host": hosts[dist.get_rank()] if hosts else socket.gethostname(), "machine": platform.machine(),
+            "cpu": cpu_vector_path(), "vote": vote, "mps": mps_path()}
     everyone: List[dict] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(everyone, mine)
     votes = [r["vote"] for r in everyone]

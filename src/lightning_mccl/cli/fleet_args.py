@@ -8,7 +8,7 @@ import shlex
 import sys
 from typing import Mapping, Optional, Sequence
 
-from ..hostfile import load_hostfile
+from ..hostfile import check_addresses, load_hostfile
 from .launch_plan import (DEFAULT_GRACE_S, DEFAULT_SSH, LaunchError, LaunchPlan, hostfile_plan, local_plan,
                           switch_plan)
 
@@ -78,7 +78,9 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, runs_command: bool = Tr
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--hostfile", metavar="FILE", help="fleet hostfile (YAML or JSON): the hosts, reached by ssh")
     where.add_argument("--local", metavar="N", type=_positive_int,
-                       help="N ranks on this machine over loopback, no ssh (same environment as N hosts)")
+                       help="N ranks on this machine over loopback, no ssh: one node, LOCAL_RANK 0..N-1 (as torchrun "
+                            "--nproc-per-node N), or with --nproc-per-node P, N nodes of P ranks each" if runs_command
+                       else "N hosts that are this machine, over loopback (no ssh)")
     where.add_argument("--switch", metavar="TAG",
                        help="the hosts of the emulated switch TAG on this machine (`mccl switch up`; root)")
     parser.add_argument("--master-port", metavar="PORT", type=_port,
@@ -94,17 +96,20 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, runs_command: bool = Tr
                              "(default: %(default)g)" if runs_command else argparse.SUPPRESS)
 
 
-def plan_from_args(args: argparse.Namespace, command: Sequence[str], *, nproc_per_node: int = 1,
+def plan_from_args(args: argparse.Namespace, command: Sequence[str], *, nproc_per_node: Optional[int] = None,
                    env: Optional[Mapping[str, str]] = None) -> LaunchPlan:
-    """The plan for parsed `mccl launch`/`mccl doctor` options. Raises LaunchError (or HostfileError)."""
+    """The plan for parsed `mccl launch`/`mccl doctor` options; `nproc_per_node`: ranks per host (None: 1 per
+    host, and ``--local N`` is one node of N ranks). Raises LaunchError (or HostfileError, also for
+    a host whose addr is not an IP address or a name that resolves: `hostfile.check_addresses`)."""
     cwd = os.path.abspath(args.chdir) if args.chdir else os.getcwd()
-    common = dict(nproc_per_node=nproc_per_node, python=args.python, cwd=cwd, env=dict(env or {}),
+    common = dict(nproc_per_node=nproc_per_node or 1, python=args.python, cwd=cwd, env=dict(env or {}),
                   grace=args.grace, master_port=args.master_port)
     if args.local is not None or getattr(args, "switch", None) is not None:
         if not os.path.isdir(cwd):
             raise LaunchError(f"--chdir {args.chdir}: no such directory")
-        if args.local is not None:
-            return local_plan(args.local, command, **common)
+        if args.local is not None:  # --local N: one node of N ranks; with --nproc-per-node P: N nodes of P
+            nodes = 1 if nproc_per_node is None else args.local
+            return local_plan(nodes, command, **{**common, "nproc_per_node": nproc_per_node or args.local})
         from ..switch import SwitchError, SwitchFleet
 
         try:
@@ -115,4 +120,6 @@ def plan_from_args(args: argparse.Namespace, command: Sequence[str], *, nproc_pe
         ssh = shlex.split(args.ssh)
     except ValueError as e:
         raise LaunchError(f"--ssh {args.ssh!r}: {e}") from None
-    return hostfile_plan(load_hostfile(args.hostfile), command, ssh=ssh, **common)
+    hostfile = load_hostfile(args.hostfile)
+    check_addresses(hostfile)
+    return hostfile_plan(hostfile, command, ssh=ssh, **common)

@@ -11,15 +11,16 @@ import json
 from typing import Optional
 
 from ..lightning.straggler import SUMMARY_MARKER_ENV, summary_text
+from .prefixed_output import OutputStage
 
 MARKER = "@mccl-summary"
 
 
-class SummaryTap:
-    """An output for `Supervisor` (line/flush) in front of another one; see the module docstring."""
+class SummaryTap(OutputStage):
+    """An output stage; see the module docstring."""
 
     def __init__(self, output) -> None:
-        self._output = output
+        super().__init__(output)
         self.record: Optional[dict] = None
 
     def line(self, spec, text: str) -> None:
@@ -30,9 +31,6 @@ class SummaryTap:
             except ValueError:
                 pass  # not ours after all: shown as it is
         self._output.line(spec, text)
-
-    def flush(self) -> None:
-        self._output.flush()
 
     def text(self) -> Optional[str]:
         """The summary of the last fit that reported one, or None."""

@@ -1,22 +1,27 @@
 """`mccl doctor`'s setup checks: what `host_probe` collected on a host, judged, each with the exact fix.
 
-Every host: the interface and address its ranks will listen on (MCCL_SOCKET_IFNAME from the hostfile's
-``ifname``, else the interface that routes to MASTER_ADDR) and the working directory and Python they run
-with. macOS hosts also: the application firewall (ranks accept connections from their peers; the prompt
-"accept incoming connections?" cannot be answered on a Mac reached over ssh), sleep (a sleeping Mac drops
-out of the job and out of ssh), the Xcode command-line tools (needed to build lightning-mccl), and whether
-the interface is Wi-Fi (slow, and variable: a fleet wants Ethernet or a Thunderbolt bridge).
+Every host: whether the hostfile's ``addr`` for it is one of its own addresses (its peers connect there;
+host 0's is every rank's MASTER_ADDR), and which interface has it; the interface and address its ranks
+will listen on (MCCL_SOCKET_IFNAME from the hostfile's ``ifname``, else the interface that routes to
+MASTER_ADDR), and Lightning's Gloo groups with them (GLOO_SOCKET_IFNAME, `host_net`); the working directory
+and Python they run with. macOS hosts also: the application firewall (ranks accept connections from their
+peers; the prompt "accept incoming connections?" cannot be answered on a Mac reached over ssh), sleep (a
+sleeping Mac drops out of the job and out of ssh), the Xcode command-line tools (needed to build
+lightning-mccl), and whether the interface is Wi-Fi (slow, and variable: a fleet wants Ethernet or a
+Thunderbolt bridge).
 
-`judge(host, probe)` returns `Finding`s; `state` is ``ok``, ``warn`` (works, but see the fix) or ``fail``
+`judge(host, probe, addr)` returns `Finding`s; `state` is ``ok``, ``warn`` (works, but see the fix) or ``fail``
 (the job will not run or will hang until it is fixed).
 """
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
+from ..hostfile import resolve
 from .host_probe import SOCKETFILTERFW
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -88,12 +93,41 @@ def check_interface(host: str, probe: dict) -> Finding:
         source = f"{ifname or '?'} (routes to {probe.get('master')})"
     kind = ports.get(ifname or "")
     detail = f"ranks listen on {addr} via {source}" + (f", {kind}" if kind else "")
+    if probe.get("gloo_ifname"):
+        detail += f"; Lightning's Gloo groups on {probe['gloo_ifname']}"
     if kind and "wi-fi" in kind.lower():
         wired = _wired(ports)
         fix = (f"connect Ethernet and set `ifname: {wired[0]}` ({ports[wired[0]]}) for {host} in the hostfile"
                if wired else "connect an Ethernet adapter (or a Thunderbolt cable) and set its `ifname` in the hostfile")
         return Finding(host, "interface", WARN, detail + ": Wi-Fi is slow and drops packets", fix)
     return Finding(host, "interface", OK, detail)
+
+
+def _usable(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return not (ip.is_loopback or ip.is_link_local)
+
+
+def check_addr(host: str, probe: dict, addr: str) -> Optional[Finding]:
+    """Whether `addr` (the hostfile's, resolved here) is one of this host's addresses, and on which interface;
+    None when the probe could not list them (no lightning-mccl for the ranks' Python: reported as such)."""
+    have = probe.get("addresses")
+    if have is None:
+        return None
+    wanted = resolve(addr)
+    owner = next((name for name, address in have if address in wanted), None)
+    if owner is not None:
+        return Finding(host, "addr", OK, f"{addr} is this host's ({owner})")
+    loopback = [name for name, address in have if ipaddress.ip_address(address).is_loopback]
+    if loopback and wanted and all(ipaddress.ip_address(a).is_loopback for a in wanted):
+        return Finding(host, "addr", OK, f"{addr} is loopback ({loopback[0]})")
+    own = [f"{address} ({name})" for name, address in have if _usable(address)]
+    routed = probe.get("route_addr")
+    suggest = routed if routed and _usable(routed) else (own[0].split()[0] if own else None)
+    return Finding(host, "addr", FAIL, f"addr {addr} is none of this host's addresses ({', '.join(own) or 'none'}): "
+                   "its peers would connect to another machine (and host 0's is every rank's MASTER_ADDR)",
+                   f"set addr: {suggest} for {host} in the hostfile" if suggest else
+                   f"set {host}'s addr in the hostfile to one of its own addresses")
 
 
 def check_path(host: str, probe: dict) -> Finding:
@@ -137,9 +171,11 @@ def check_xcode(host: str, probe: dict) -> Finding:
                    "xcode-select --install")
 
 
-def judge(host: str, probe: dict) -> List[Finding]:
-    """Every finding for one host, in the order the table shows them."""
-    found = [check_interface(host, probe), check_path(host, probe)]
+def judge(host: str, probe: dict, addr: Optional[str] = None) -> List[Finding]:
+    """Every finding for one host (whose hostfile `addr` is checked when given), in the order the table shows
+    them."""
+    found = [f for f in (check_addr(host, probe, addr) if addr else None,) if f is not None]
+    found += [check_interface(host, probe), check_path(host, probe)]
     if probe.get("system") == "Darwin":
         found += [check_firewall(host, probe), check_sleep(host, probe), check_xcode(host, probe)]
     return found

@@ -1,14 +1,16 @@
 """What `mccl doctor` asks each host about its setup: raw command outputs, analysed by `host_checks`.
 
 Runs on every host inside doctor's probe (with the ranks' Python, their environment and working
-directory), so, like the rank shim, it is standard library only and compatible with Python 3.9. `collect`
-returns a JSON-able dict:
+directory), so, like the rank shim, it is standard library only and compatible with Python 3.10 (the
+package's oldest). `collect` returns a JSON-able dict:
 
 - ``system``: platform.system() ("Darwin" on a Mac);
 - ``cwd``, ``executable``: where the ranks will run, with which Python; ``binary``: that Python's real file
   (the one a macOS firewall rule names; a virtual environment's python is a link to it);
 - ``ifname``: MCCL_SOCKET_IFNAME as the rank will see it (the hostfile's ``ifname``), ``master``: MASTER_ADDR;
 - ``route_addr``: the local address that routes to MASTER_ADDR (what the engine listens on without ifname);
+- ``addresses``: [[interface, address]] of every address of the host (None: the ranks' Python has no
+  lightning-mccl); ``gloo_ifname``: GLOO_SOCKET_IFNAME as the rank shim set it (see `host_net`);
 - ``commands``: {name: [exit code, output]} of the commands below (macOS ones only on macOS; None when the
   command is missing).
 
@@ -16,7 +18,6 @@ returns a JSON-able dict:
 """
 import os
 import platform
-import socket
 import subprocess
 import sys
 
@@ -52,17 +53,14 @@ def commands_for(system, ifname, master, executable):
     return {"route": ["ip", "-o", "route", "get", master]} if master else {}
 
 
-def route_addr(master):
-    """The local address the kernel would use to reach `master` (a UDP connect sends nothing)."""
-    if not master:
-        return None
+def _host_net():
+    """lightning_mccl.cli.host_net from the ranks' Python; None without lightning-mccl there (doctor then says
+    it is not installed, and measures nothing)."""
     try:
-        family = socket.AF_INET6 if ":" in master else socket.AF_INET
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect((master, 9))
-            return s.getsockname()[0]
-    except OSError:
+        from lightning_mccl.cli import host_net
+    except ImportError:
         return None
+    return host_net
 
 
 def collect(run=run_command, system=None, environ=None):
@@ -71,6 +69,8 @@ def collect(run=run_command, system=None, environ=None):
     ifname = environ.get("MCCL_SOCKET_IFNAME") or None
     master = environ.get("MASTER_ADDR") or None
     binary = os.path.realpath(sys.executable)
+    net = _host_net()
     return {"system": system, "cwd": os.getcwd(), "executable": sys.executable, "binary": binary, "ifname": ifname,
-            "master": master, "route_addr": route_addr(master),
+            "master": master, "route_addr": net.route_address(master) if net else None,
+            "addresses": net.interface_addresses() if net else None, "gloo_ifname": environ.get("GLOO_SOCKET_IFNAME"),
             "commands": {name: run(argv) for name, argv in commands_for(system, ifname, master, binary).items()}}

@@ -7,9 +7,10 @@ Host i of the hostfile (see `lightning_mccl.hostfile`) runs ``--nproc-per-node``
 reached by its own ``ssh`` connection (also the host you launch from), in the launcher's working directory
 (or ``--chdir``), with torchrun's environment: MASTER_ADDR (host 0's addr), MASTER_PORT, WORLD_SIZE, RANK,
 LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (and GROUP_RANK, MCCL_NODE_RANK), plus MCCL_SOCKET_IFNAME from the
-host's ``ifname``. ``--local N`` is the same with N "hosts" that are this machine over loopback
-(MASTER_ADDR=127.0.0.1, a free port) and no ssh, so ``Trainer(num_nodes=N)`` runs unchanged on one machine
-(for ``Trainer(devices=P)`` on one machine, use ``--local 1 --nproc-per-node P``). ``--switch TAG`` runs
+host's ``ifname``. ``--local N`` runs N ranks on this machine over loopback (MASTER_ADDR=127.0.0.1, a free
+port), no ssh, as one node: LOCAL_RANK 0..N-1, NODE_RANK 0, as ``torchrun --nproc-per-node N`` gives, for
+``Trainer(devices=N)``; ``--local N --nproc-per-node P`` makes this machine N nodes of P ranks each (NODE_RANK
+0..N-1), so that ``Trainer(num_nodes=N, devices=P)`` runs unchanged on one machine. ``--switch TAG`` runs
 host i's ranks inside host i of the emulated switch TAG (`mccl switch up`, Linux and root only): MASTER_ADDR
 is host 0's address there and MCCL_SOCKET_IFNAME its interface, so the ranks talk over the shaped links.
 Every rank also gets TORCHELASTIC_RUN_ID (one id per job), torchrun's marker, so Lightning reads these
@@ -30,9 +31,12 @@ launcher's environment instead, and a NAME=VALUE whose name looks secret (SECRET
 A command that starts with ``python``/``python3`` runs with ``--python`` (default: the launcher's own
 interpreter), because a non-interactive ssh shell has no virtual environment activated.
 
-Supervision (see `supervise`): output prefixed ``[host rN]`` on stdout; the first rank to fail stops all
-the others and its exit code is the launcher's; Ctrl-C (SIGINT) is forwarded to every rank as SIGINT,
-anything still alive ``--grace`` seconds later is killed, and the launcher exits with 130.
+Supervision (see `supervise`): output prefixed ``[host rN]`` on stdout, a line that several ranks print
+alike shown once (`same_lines`); the first rank to fail stops all the others, each of which then shows one
+line, not its shutdown (`quiet_stop`), and its exit code is the launcher's, whose last line names that
+rank's first error line (`error_line`); Ctrl-C (SIGINT) is forwarded to every rank as SIGINT, anything
+still alive ``--grace`` seconds later is killed, and the launcher exits with 130. MCCL_DEBUG=INFO in the
+launcher's environment shows every line of every rank.
 
 Restarts (``--max-restarts N``): when a rank fails, every rank is stopped as above and then all of them
 are started again, up to N times; the job resumes from its own checkpoints (e.g. Lightning's
@@ -57,10 +61,12 @@ from typing import List, Mapping, Optional, Sequence
 
 from ..hostfile import HostfileError
 from . import fleet_summary
+from .error_line import RankTails
 from .fleet_args import _non_negative_int, _port_range, _positive_int, add_fleet_arguments, plan_from_args
 from .launch_plan import LaunchError, LaunchPlan, resolve_command
 from .prefixed_output import PrefixedOutput
 from .quiet_stop import QuietStop, wants_everything
+from .same_lines import SameLines
 from .supervise import Outcome, Supervisor
 
 
@@ -68,7 +74,8 @@ EPILOG = """\
 every rank gets torchrun's variables: MASTER_ADDR (host 0's addr), MASTER_PORT, WORLD_SIZE, RANK,
 LOCAL_RANK, LOCAL_WORLD_SIZE, NODE_RANK (= GROUP_RANK = MCCL_NODE_RANK), and MCCL_SOCKET_IFNAME from the
 host's ifname; TORCHELASTIC_RUN_ID (Lightning then checks num_nodes x devices against WORLD_SIZE).
---local N acts as N hosts of --nproc-per-node ranks each: Trainer(num_nodes=N) runs unchanged.
+--local N: N ranks on this machine as one node (LOCAL_RANK 0..N-1, as torchrun --nproc-per-node N), for
+Trainer(devices=N); --local N --nproc-per-node P: N nodes of P ranks each, for Trainer(num_nodes=N, devices=P).
 
 output: every line of every rank, prefixed [host rN], on stdout; the launcher's messages on stderr.
 exit code: the first failing rank's (the others are stopped at once), 130 after Ctrl-C, 0 when all succeed.
@@ -81,8 +88,9 @@ SECRET_NAME = re.compile(r"SECRET|TOKEN|KEY|PASSWORD|PASS", re.IGNORECASE)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_fleet_arguments(parser)
-    parser.add_argument("--nproc-per-node", metavar="P", type=_positive_int, default=1,
-                        help="ranks per host (default: 1; one Mac, one rank)")
+    parser.add_argument("--nproc-per-node", metavar="P", type=_positive_int,
+                        help="ranks per host (default: 1; one Mac, one rank); with --local N: this machine as N "
+                             "nodes of P ranks each")
     parser.add_argument("--max-restarts", metavar="N", type=_non_negative_int, default=0,
                         help="when a rank fails, stop all ranks and start them all again, up to N times "
                              "(default: 0); ranks see MCCL_RESTART_COUNT")
@@ -132,6 +140,26 @@ def supervise(plan: LaunchPlan, *, log, **kwargs) -> Outcome:
                       **kwargs).run()
 
 
+def job_output(plan: LaunchPlan):
+    """The launcher's output for one attempt, outermost first: every rank's last lines (`error_line`), one
+    line per stopped rank (`quiet_stop`), a line printed alike by several ranks once (`same_lines`), rank 0's
+    summary kept for the end (`fleet_summary`), prefixed lines on stdout; MCCL_DEBUG=INFO: every line.
+    Returns (output, summary)."""
+    summary = fleet_summary.SummaryTap(PrefixedOutput(plan.rank_specs()))
+    return RankTails(summary if wants_everything() else QuietStop(SameLines(summary))), summary
+
+
+def failure_line(outcome: Outcome, output: RankTails) -> str:
+    """"; its first error: ..." for the failed rank of `outcome` (`error_line`); else, when it exited by itself
+    (code 1-127, not killed by a signal), "; its last line: ..."; else ""."""
+    rank, code = outcome.failed.spec.rank, outcome.failed.returncode
+    error = output.first_error(rank)
+    if error:
+        return f"; its first error: {error}"
+    last = output.last_line(rank) if code is not None and 0 < code < 128 else None
+    return f"; its last line: {last}" if last else ""
+
+
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Optional[Sequence[str]]) -> int:
     """`mccl launch`: returns the exit code (parser.error exits 2 on bad input)."""
     from .console import make_log, stderr_console
@@ -158,15 +186,15 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
         log(f"`python` runs as {plan.python} (see --python)")
     fresh_port = args.local is not None and args.master_port is None
     while True:
-        # rank 0's summary line is kept for the end (fleet_summary); after Ctrl-C one line per rank (quiet_stop)
-        output = fleet_summary.SummaryTap(PrefixedOutput(plan.rank_specs()))
-        outcome = supervise(plan, log=log, output=output if wants_everything() else QuietStop(output))
+        output, summary = job_output(plan)
+        outcome = supervise(plan, log=log, output=output)
         if outcome.reason != "failed" or outcome.signal is not None or plan.restart >= plan.max_restarts:
             break  # a signal ends the job, also one that came while the ranks stopped after a failure
         f = outcome.failed
         plan = plan.next_attempt(fresh_port)
         log(f"rank {f.spec.rank} on {f.spec.host} failed with exit code {f.returncode}: restarting all "
-            f"{plan.world_size} ranks (restart {plan.restart} of {plan.max_restarts}, master port {plan.master_port})")
+            f"{plan.world_size} ranks (restart {plan.restart} of {plan.max_restarts}, master port {plan.master_port})"
+            f"{failure_line(outcome, output)}")
     if outcome.reason == "ok":
         log(f"all {plan.world_size} ranks finished" + (f" (after {plan.restart} restart{'s' if plan.restart > 1 else ''})"
                                                        if plan.restart else ""))
@@ -175,9 +203,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
         tail = f" (no restarts left after {plan.restart})" if plan.max_restarts else ""
         if outcome.signal is not None and plan.restart < plan.max_restarts:
             tail = f" (not restarted: the launcher got {signal.Signals(outcome.signal).name})"
-        log(f"failed: rank {f.spec.rank} on {f.spec.host} exited with code {f.returncode}{tail}")
+        log(f"failed: rank {f.spec.rank} on {f.spec.host} exited with code {f.returncode}{tail}"
+            f"{failure_line(outcome, output)}")
     else:
         log(f"stopped ({outcome.reason}); exit code {outcome.returncode}")
-    if output.text():
-        print(output.text(), flush=True)
+    if summary.text():
+        print(summary.text(), flush=True)
     return outcome.returncode

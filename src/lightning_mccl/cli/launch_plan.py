@@ -184,14 +184,17 @@ class LaunchPlan:
         if self.netns is not None:
             where = f"on {len(self.hosts)} emulated host{'s' if len(self.hosts) != 1 else ''} × {self.nproc_per_node}"
         elif self.is_local:
-            where = "on this machine over loopback"
+            nodes = len(self.hosts)
+            where = "on this machine over loopback" + (f" as {nodes} nodes × {self.nproc_per_node}" if nodes > 1
+                                                       else "")
         else:
             where = f"on {len(self.hosts)} host{'s' if len(self.hosts) != 1 else ''} × {self.nproc_per_node}"
         return f"{ranks} {where} (master {self.master_addr}:{self.master_port})"
 
 
 def local_plan(num: int, command: Sequence[str], *, master_port: Optional[int] = None, **kwargs) -> LaunchPlan:
-    """`num` hosts that are this machine (loopback); port: `master_port` or a free one."""
+    """`num` hosts that are this machine (loopback), of ``nproc_per_node`` ranks each (kwargs; default 1); port:
+    `master_port` or a free one. (`mccl launch --local N` is local_plan(1, nproc_per_node=N).)"""
     if num < 1:
         raise LaunchError(f"--local needs at least 1 rank, got {num}")
     hosts = tuple(Host(name=LOCAL_HOST_NAME, addr=LOCAL_ADDR) for _ in range(num))

@@ -1,4 +1,5 @@
-"""Every rank's output on one stream, each line prefixed ``[host rN]`` (`mccl launch`, `mccl doctor`)."""
+"""Every rank's output on one stream, each line prefixed ``[host rN]`` (`mccl launch`, `mccl doctor`), and
+`OutputStage`, the base of the stages that `mccl launch` puts in front of it."""
 from __future__ import annotations
 
 import os
@@ -45,3 +46,25 @@ class PrefixedOutput:
             self._stream.flush()
         except BrokenPipeError:
             self._broken = True
+
+
+class OutputStage:
+    """A stage of the launcher's output in front of another output (`output`): lines go on to it, and so do
+    the Supervisor's hooks (see `supervise`) this stage does not have itself."""
+
+    def __init__(self, output):
+        self._output = output
+
+    def line(self, spec, text: str) -> None:
+        self._output.line(spec, text)
+
+    def forward(self, hook: str, *args) -> None:
+        """Calls the next output's `hook` when it has one."""
+        method = getattr(self._output, hook, None)
+        if method is not None:
+            method(*args)
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._output, name)

@@ -9,6 +9,9 @@ remote one at the end of an ``ssh`` connection) it starts this small, stdlib-onl
 - changes to the rank's working directory, adds the rank's environment (RANK, MASTER_ADDR, ...) and starts
   the command as the leader of a new session, so the command and everything it starts (data-loader
   workers, ...) share one process group;
+- sets GLOO_SOCKET_IFNAME, unless the rank's environment has it, to the interface the mccl engine listens
+  on (MCCL_SOCKET_IFNAME, else the one that routes to MASTER_ADDR: `host_net.gloo_interface`), so that
+  Lightning's own Gloo group does not listen where the host's name resolves (loopback, Wi-Fi);
 - reads control lines from stdin: ``INT``, ``TERM``, ``KILL`` send that signal to the whole process group;
 - on end of file of stdin (the launcher died, or its ``ssh`` connection dropped) sends SIGTERM to the
   group and SIGKILL ``grace`` seconds later, so no rank outlives its launcher;
@@ -25,8 +28,9 @@ connection closes. A plain pipe plus this shim gives the same behaviour for ``--
 KeyboardInterrupt shutdown), and needs only the Python the rank runs with.
 
 The launcher runs this file's source through ``python -c`` (see ``shim_argv``): the remote host needs no
-copy of it, and importing it does not import torch. It must stay compatible with Python 3.9 and use
-nothing outside the standard library.
+copy of it, and importing it does not import torch. It must stay compatible with Python 3.10 (the package's
+oldest) and use nothing outside the standard library, but for `host_net` (standard library only itself),
+imported from the lightning-mccl of the rank's Python: without it there, Gloo picks its interface by itself.
 """
 import base64
 import json
@@ -82,6 +86,15 @@ def _signal_group(pgid, sig):
         pass
 
 
+def _gloo_interface(env):
+    """GLOO_SOCKET_IFNAME for a rank with environment `env` (lightning_mccl.cli.host_net), or None."""
+    try:
+        from lightning_mccl.cli.host_net import gloo_interface
+    except ImportError:  # the rank's Python has no lightning-mccl (or an older one)
+        return None
+    return gloo_interface(env)
+
+
 def read_spec_line(fd=0):
     """The first line of `fd` (without its newline) and whatever followed it; None at end of file first."""
     data = b""
@@ -109,6 +122,9 @@ def main():
     argv = list(spec["argv"])
     env = dict(os.environ)
     env.update(spec.get("env") or {})
+    gloo = _gloo_interface(env)
+    if gloo:
+        env["GLOO_SOCKET_IFNAME"] = gloo
     cwd = spec.get("cwd")
     grace = float(spec.get("grace", 10.0))
     if cwd:

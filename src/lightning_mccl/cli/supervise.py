@@ -110,6 +110,7 @@ class Supervisor:
                     self._check_deadlines()
                 self._handle_signals()  # one that came before any rank started
                 self._drain()
+                self._output_hook("finish")
         finally:
             for r in self._ranks:  # only reached with live ranks when this loop itself failed
                 if r.running:
@@ -167,6 +168,7 @@ class Supervisor:
         """Called once per rank exit, in the order the exits were seen."""
         r.close_control()
         code = r.code
+        self._output_hook("rank_exited", r.spec, code)
         if code == 0:
             return
         stopping = self._stop_reason is not None
@@ -180,6 +182,7 @@ class Supervisor:
         others = [o for o in self._ranks if o.running]
         if self.fail_fast and others:
             self.log(f"{message}; stopping the other {len(others)} rank{'s' if len(others) > 1 else ''}")
+            self._output_hook("begin_stop", r.spec)
             self._stop("TERM", f"rank {r.spec.rank} failed")
         else:
             self.log(message)
@@ -245,7 +248,9 @@ class Supervisor:
         self._output_hook("flush")
 
     def _output_hook(self, name: str, *args) -> None:
-        """Calls output.<name>(*args) when the output has it (flush; begin_stop, rank_stopped: `quiet_stop`)."""
+        """Calls output.<name>(*args) when the output has it: flush; begin_stop (a signal, or `failed`: the
+        spec of the rank whose failure stops the others), rank_stopped (`quiet_stop`); rank_exited (every exit,
+        in order), finish (after the last output: `same_lines`)."""
         hook = getattr(self.output, name, None)
         if hook is not None:
             hook(*args)

@@ -7,7 +7,9 @@
 
 This module does not import Lightning itself, so that `import lightning_mccl` stays cheap for torch-only
 users: the classes are loaded on first access, and `register_when_lightning_imported()` (called by
-`import lightning_mccl`) registers the strategy names once `lightning.pytorch` has been imported.
+`import lightning_mccl`) registers the strategy names once `lightning.pytorch` has been imported. The Trainer's
+names are strategy.py's to register and Fabric's fabric.py's (one table: names.py), each as its module ends, as
+Lightning's own strategies do; `_register` imports both.
 """
 from __future__ import annotations
 
@@ -39,18 +41,21 @@ def __dir__():
     return sorted(list(globals()) + list(_LAZY))
 
 
+_FRONT_ENDS = ("strategy", "fabric")  # each registers its class in its own registry (Trainer's, Fabric's)
+
+
 def _register() -> None:
-    """Imports the strategy module, which registers the strategies (Trainer's, and Fabric's through fabric.py,
-    which it imports last); a failure is a warning, never an error in the import of Lightning or of
-    lightning_mccl. Nothing while a module of this package is being imported (it imported Lightning: the strategy
-    module registers as it ends, `__getattr__` once another has loaded), or once the strategy module is."""
+    """Imports the Trainer's and Fabric's strategy modules, which register their names as they end; a failure is
+    a warning, never an error in the import of Lightning or of lightning_mccl. Nothing while a module of this
+    package is being imported (it imported Lightning: `__getattr__` registers once it has loaded)."""
     prefix = f"{__name__}."
     if any(name.startswith(prefix) and module is not None and not loaded(name)
            for name, module in list(sys.modules.items())):
         return
     try:
-        if sys.modules.get(f"{__name__}.strategy") is None:
-            importlib.import_module(f"{__name__}.strategy")
+        for front_end in _FRONT_ENDS:
+            if sys.modules.get(f"{__name__}.{front_end}") is None:
+                importlib.import_module(f"{__name__}.{front_end}")
     except Exception as e:  # noqa: BLE001 - Lightning's import must go on; say why the names are missing
         warnings.warn(f"lightning-mccl: the 'mccl' Lightning strategies were not registered: {e!r}", RuntimeWarning)
 

@@ -20,6 +20,10 @@ engine (`lightning_mccl.stats`) and cost nothing to keep; every N steps the rank
 tensor (their window's means and samples/s), which is also what the straggler report works on. That
 exchange itself is left out of the next window's counters.
 
+Under `MCCLStrategy(sync="diloco")` the counters are the outer group's (`strategy.outer_group`: the steps run
+no collective of their own), and the exposed time is the time the loop waited for an outer sync only: that
+allreduce runs across the steps that follow it, so its span is not the step's tail.
+
 At the end of fit rank 0 prints the per-host table (straggler.py) and one line: the communication share
 of the step time, the exposed share, goodput and bytes per step.
 """
@@ -40,6 +44,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.data import extract_batch_size
 
 from .._stats import mccl_backend, totals
+from ..rendezvous import launcher_hosts
 from .straggler import (DEFAULT_PATIENCE, DEFAULT_THRESHOLD, SUMMARY_MARKER_ENV, RankWindow, StragglerReport,
                         summary_text)
 
@@ -65,11 +70,13 @@ class CommMetrics(Callback):
         self.history: List[Dict[str, float]] = []  # every logged dict, on every rank
         self.hosts: List[str] = []
         self._backend = None
+        self._overlapped = False  # the outer group of sync="diloco"
 
     # -- hooks -------------------------------------------------------------------------------------------
 
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        self._backend = mccl_backend()
+        outer = getattr(trainer.strategy, "outer_group", None)  # sync="diloco"
+        self._backend, self._overlapped = mccl_backend(outer), outer is not None
         if self._backend is None:
             return  # not on mccl (e.g. process_group_backend="gloo"): nothing to count
         self._n = self.every_n_steps or max(1, trainer.log_every_n_steps)
@@ -89,7 +96,7 @@ class CommMetrics(Callback):
         before, after = self._step_counters, self._backend.stats()
         waited_s = (totals(after)["wait_ns"] - totals(before)["wait_ns"]) / 1e9
         tail_s = 0.0
-        if after["last_done_ns"] != before["last_done_ns"]:  # a collective completed in this step
+        if after["last_done_ns"] != before["last_done_ns"] and not self._overlapped:  # one completed in this step
             tail_s = max(0, after["last_done_ns"] - after["last_issued_ns"]) / 1e9
         exposed = min(step_s, max(waited_s, tail_s))
         self._steps += 1
@@ -160,7 +167,10 @@ class CommMetrics(Callback):
         everyone = torch.empty(dist.get_world_size() * HOST_BYTES, dtype=torch.uint8)
         _all_gather(everyone, mine)
         rows = everyone.view(-1, HOST_BYTES).tolist()
-        return [bytes(b for b in row if b).decode(errors="replace") for row in rows]
+        # The launcher's names (h0, h1, ... under --switch, the hostfile's under --hostfile) where it set them:
+        # the summary then says what the launcher says. The gather above runs either way (a collective).
+        launched = launcher_hosts(dist.get_world_size())
+        return launched or [bytes(b for b in row if b).decode(errors="replace") for row in rows]
 
     # -- the end-of-fit summary --------------------------------------------------------------------------
 

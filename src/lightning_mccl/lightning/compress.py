@@ -5,14 +5,17 @@
                               float32; every rank ends with the same bits; no Python hook. On an accelerator
                               (MPS, CUDA), and over another backend (Gloo as a reference): torch's compress
                               hook, which casts the bucket on the device, so that the staging copies through
-                              host memory move half the bytes too. On the fleet stand-in (8 ranks, ViT-B/16,
-                              CUDA, docs/performance.md) the hook's step was 398 ms against the engine's 535 ms
-                              at batch 8, and 839 against 855 ms at batch 32.
+                              host memory move half the bytes too: the faster of the two there
+                              (docs/performance.md, "MCCLStrategy(compress=...)").
     "bf16_hook", "fp16_hook"  torch's `bf16_compress_hook` / `fp16_compress_hook` (the bucket cast in Python,
                               all-reduced as a 16-bit tensor); with a ddp_comm_hook, its `*_compress_wrapper`.
     "powersgd"                torch's `powerSGD_hook` with a `PowerSGDState` built from `compress_options`
                               (defaults below: rank 1, error feedback, warm start, PowerSGD from step 10, same-shaped
                               matrices batched).
+    "int8"                    the engine's 8-bit allreduce with error feedback (lightning_mccl.int8, docs/int8.md):
+                              lightning_mccl.int8.int8_hook with an Int8State, on every device; mccl only. Its
+                              gradients must be floating-point (float16, bfloat16 and float64 travel through
+                              float32): another dtype is a ValueError naming the parameter when DDP is set up.
 
 A process group reads MCCL_WIRE_DTYPE when it is made (docs/settings.md): the strategy passes it in the
 pg_options of the group it creates (`wire_settings`), never in the environment. A second fit in the same
@@ -27,7 +30,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Optional
 
-CHOICES = ("bf16", "fp16", "bf16_hook", "fp16_hook", "powersgd")
+CHOICES = ("bf16", "fp16", "bf16_hook", "fp16_hook", "powersgd", "int8")
 WIRE = ("bf16", "fp16")
 WIRE_ENV = "MCCL_WIRE_DTYPE"
 # batch_tensors_with_same_shape: one matrix product and orthogonalisation per shape (ViT-B/16: 4 shapes for its
@@ -47,6 +50,7 @@ class Plan:
     wrapper: Optional[Callable] = None
     state: Optional[object] = None
     options: Dict[str, Any] = field(default_factory=dict)
+    check: Optional[Callable] = None  # check(module) when DDP is set up: ValueError for parameters it cannot take
 
 
 def plan(compress: Optional[str], options: Optional[dict], uses_mccl: bool, hook: Optional[Callable],
@@ -66,6 +70,8 @@ def plan(compress: Optional[str], options: Optional[dict], uses_mccl: bool, hook
     if compress in WIRE and uses_mccl:
         return Plan(wire=compress, hook=hook, wrapper=wrapper, state=state,
                     on_accelerator=plan(f"{compress}_hook", None, uses_mccl, hook, wrapper, state))
+    if compress == "int8":
+        return _int8_plan(uses_mccl, hook, wrapper, state)
     if compress == "powersgd":
         if hook is not None or state is not None:
             raise ValueError("MCCLStrategy(compress='powersgd') brings its own hook and state: leave ddp_comm_hook "
@@ -86,6 +92,29 @@ def plan(compress: Optional[str], options: Optional[dict], uses_mccl: bool, hook
         raise ValueError(f"MCCLStrategy(compress={compress!r}) with both ddp_comm_hook and ddp_comm_wrapper: "
                          f"compress would replace the wrapper; give either compress or ddp_comm_wrapper")
     return Plan(hook=hook, wrapper=hooks[1], state=state)
+
+
+def _int8_plan(uses_mccl: bool, hook: Optional[Callable], wrapper: Optional[Callable],
+               state: Optional[object]) -> Plan:
+    from lightning_mccl import int8
+
+    if not uses_mccl:
+        raise ValueError("MCCLStrategy(compress='int8') needs process_group_backend='mccl': the 8-bit allreduce is "
+                         "the mccl engine's")
+    if hook is not None or state is not None or wrapper is not None:
+        raise ValueError("MCCLStrategy(compress='int8') brings its own hook and state: leave ddp_comm_hook, "
+                         "ddp_comm_state and ddp_comm_wrapper unset")
+    return Plan(hook=int8.int8_hook, state=int8.Int8State(), check=_int8_parameters)
+
+
+def _int8_parameters(module) -> None:
+    from lightning_mccl.int8 import FLOATING
+
+    for name, p in module.named_parameters():
+        if p.requires_grad and p.dtype not in FLOATING:
+            raise ValueError(f"MCCLStrategy(compress='int8'): parameter {name!r} is {p.dtype}, whose gradients cannot "
+                             f"travel in 8 bits; compress='int8' takes floating-point gradients "
+                             f"({', '.join(map(str, FLOATING))})")
 
 
 def _powersgd_parameters() -> list:
@@ -136,6 +165,8 @@ def wire_settings(wire: Optional[str], existing: Optional[str]) -> Dict[str, str
 
 
 def _normal(value: str) -> str:
-    v = value.strip().lower()
-    return {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "none": "off", "float32": "off", "fp32": "off",
-            "": "off"}.get(v, v)
+    """An MCCL_WIRE_DTYPE value as the engine reads it, by its usual name ("off", "bf16", ...); ValueError naming
+    the variable for a value the engine does not take."""
+    from lightning_mccl._C import wire_type
+
+    return wire_type(value)

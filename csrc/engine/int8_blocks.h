@@ -1,0 +1,27 @@
+// The 8-bit wire format (WireType::kInt8Blocks, docs/int8.md): float32 values in blocks of kInt8Block. On the
+// wire a block is its float32 scale s, then one int8 code per value; a value is code * s.
+//
+// s is the block's largest finite magnitude M over 126, rounded up to 17 significant bits, so that code * s
+// is exact for every code and encoding a decoded block again gives the same bytes (a rank that keeps what it
+// sends holds what its receivers decode). Codes are round(x / s) to nearest even, within -126..126; the
+// other three codes carry what no scale may hide: -128 NaN, 127 +Inf, -127 -Inf. A block whose M is below
+// 2^-100 travels as zeros (s = 0). Error of a finite value: at most s / 2 <= M / 252 * (1 + 2^-16).
+#pragma once
+
+#include <cstddef>
+
+namespace mccl {
+
+constexpr size_t kInt8Block = 256;
+// Bytes on the wire of `count` values: every block its scale and its codes (the last block may be shorter).
+constexpr size_t int8_wire_bytes(size_t count) { return count + 4 * ((count + kInt8Block - 1) / kInt8Block); }
+
+// Conversions of whole runs of blocks (the first value of `src`/`dst` starts a block). From
+// kSplitConversionsFrom values on they are split over the reduction pool into at most `max_parts` parts
+// (reduce.h), element-wise the same work, so the same bytes.
+void int8_encode(char* wire, const float* src, size_t count, size_t max_parts = 0);
+void int8_decode(float* dst, const char* wire, size_t count, size_t max_parts = 0);
+// data = decode(encode(data)) in place.
+void int8_round(float* data, size_t count, size_t max_parts = 0);
+
+}  // namespace mccl
