@@ -2,7 +2,7 @@
 that select it, the accuracy it may lose against the reference (issue 27's targets) and the fleet_ddp.py series
 whose measured step time is its own.
 
-    Method("int8", {"compress": "int8"}, 0.5, ("mccl+int8", "int8"))
+    Method("int8", {"compress": "int8"}, 0.5, ("mccl+int8",))
 
 Adding a method is one line in METHODS, or `--method NAME='{"compress": ...}'` on the command line. A method
 whose arguments MCCLStrategy refuses (a choice not built yet) is reported as unavailable, with the error, and
@@ -39,11 +39,11 @@ def _powersgd(rank: int) -> Dict[str, object]:
 METHODS: Tuple[Method, ...] = (
     Method(REFERENCE, {}, None, ("mccl",)),
     Method("bf16-hook", {"compress": "bf16_hook"}, None, ("mccl+bf16_hook",)),
-    Method("powersgd-r1", _powersgd(1), None, ("psgd-r1", "mccl+powersgd-r1", "mccl+powersgd")),
-    Method("powersgd-r4", _powersgd(4), None, ("psgd-r4", "mccl+powersgd-r4")),
-    Method("int8", {"compress": "int8"}, 0.5, ("mccl+int8", "mccl-int8", "int8")),
-    Method("diloco-h8", _diloco(8), 1.0, ("diloco-h8", "mccl+diloco-h8", "diloco:H=8")),
-    Method("diloco-h32", _diloco(32), 1.0, ("diloco-h32", "mccl+diloco-h32", "diloco:H=32")),
+    Method("powersgd-r1", _powersgd(1), None, ("psgd-r1",)),
+    Method("powersgd-r4", _powersgd(4), None, ("psgd-r4",)),
+    Method("int8", {"compress": "int8"}, 0.5, ("mccl+int8",)),
+    Method("diloco-h8", _diloco(8), 1.0, ("mccl+diloco:H=8", "mccl+diloco:H=8:delay=1")),
+    Method("diloco-h32", _diloco(32), 1.0, ("mccl+diloco:H=32", "mccl+diloco:H=32:delay=1")),
 )
 
 
