@@ -44,6 +44,7 @@ DEFAULT_MODEL_KWARGS = {"embed_dim": 128, "depth": 4, "num_heads": 4}
 # The task's defaults here: that ViT under synchronous DDP ends near 70% after the default budget
 # (docs/convergence.md, *The task*).
 TASK_DEFAULTS = {"classes": 32, "shift": 1.0, "noise": 0.1, "background": 0.2, "distractors": 1}
+WORKER = "--worker"  # first argument of the ranks' command line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,7 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output directory (default: runs/bench/convergence-<time>)")
     p.add_argument("--timeout", type=float, default=1800.0, help="limit for each method's launch, seconds")
     p.add_argument("--pg-timeout", type=float, default=300.0, help="the process group's timeout, seconds")
-    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -100,16 +100,16 @@ def plan_steps(samples: int, global_batch: int, evals: int, periods) -> tuple:
     return steps, eval_every
 
 
+def log(message: str) -> None:
+    sys.stderr.write(f"convergence: {message}\n")
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.worker:
-        from accuracy.rank import worker
-
-        return worker(args.worker)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    log = lambda m: sys.stderr.write(f"convergence: {m}\n")  # noqa: E731
+    if args.nproc < 2:
+        parser.error("--nproc: at least 2 ranks")
     try:
         chosen = methods_table.select(args.methods.split(",") if args.methods else None, args.method)
         task = GlyphTask(**{k: getattr(args, k) for k in GlyphTask.__dataclass_fields__})
@@ -119,8 +119,7 @@ def main(argv=None) -> int:
                                        methods_table.diloco_periods(chosen))
     except (ValueError, OSError) as e:
         parser.error(str(e))
-    if args.nproc < 2:
-        parser.error("--nproc: at least 2 ranks")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out = args.out or report.default_out_dir("convergence")
     os.makedirs(out, exist_ok=True)
     common = {"comm_metrics": False, "timeout": args.pg_timeout}
@@ -142,7 +141,7 @@ def main(argv=None) -> int:
                       "patch_size": args.patch_size, "model_kwargs": model_kwargs, "lr": args.lr,
                       "warmup_epochs": args.warmup}}  # one epoch is the whole run (rank.py's sampler)
     try:
-        run_all(outcomes, spec, args, out, times, steps, header, log)
+        run_all(outcomes, spec, args, out, times, steps, header)
     finally:
         os.remove(data)
     output.write(out, outcomes, times, steps, header, log)
@@ -172,7 +171,7 @@ def refusal(method, common) -> str:
     return "ok"
 
 
-def run_all(outcomes, spec, args, out, times, steps, header, log) -> None:
+def run_all(outcomes, spec, args, out, times, steps, header) -> None:
     """One launch of the ranks per method, all seeds in it; the files are rewritten after each."""
     from sweep.launch import LaunchFailed, placement
 
@@ -189,7 +188,7 @@ def run_all(outcomes, spec, args, out, times, steps, header, log) -> None:
                 f"{' '.join(map(str, args.seeds))}, {steps} steps on {where.describe()}")
             start = time.perf_counter()
             try:
-                where.run([sys.executable, os.path.abspath(__file__), "--worker",
+                where.run([sys.executable, os.path.abspath(__file__), WORKER,
                            result.replace(".json", ".spec.json")], env={}, timeout=args.timeout)
                 o.runs = collect(result, args.nproc)
             except (LaunchFailed, OSError, ValueError) as e:
@@ -234,4 +233,8 @@ def collect(result: str, nproc: int) -> dict:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == [WORKER]:  # a rank of a launch (run_all): the spec file follows
+        from accuracy.rank import worker
+
+        worker(sys.argv[2])
     sys.exit(main())

@@ -35,7 +35,8 @@ from lightning_mccl.recipes import ViTClassifier
 VAL_BATCH = 512  # validation images per forward
 
 
-def worker(spec_path: str) -> int:
+def worker(spec_path: str) -> None:
+    """Runs the launch's spec as this rank and exits: 0 once its results are written, else with the error."""
     with open(spec_path) as f:
         spec = json.load(f)
     torch.set_num_threads(spec["threads"])
