@@ -13,7 +13,6 @@
 
 #include "clock.h"
 #include "config.h"
-#include "dtype.h"
 #include "netif.h"
 #include "reduce.h"
 #include "errors.hpp"
@@ -81,33 +80,6 @@ pybind11::list timeline_list(const lightning_mccl::ProcessGroupMCCL& pg) {
   return out;
 }
 
-// dst = dst OP src on contiguous CPU tensors with the engine's CPU reducer: the reference the Metal
-// self-test and benchmarks/metal_reduce.py compare against (lightning_mccl/metal).
-void reduce_into(at::Tensor& dst, const at::Tensor& src, const std::string& op) {
-  static const std::pair<const char*, mccl::ReduceOp> kOps[] = {
-      {"sum", mccl::ReduceOp::kSum}, {"avg", mccl::ReduceOp::kSum}, {"product", mccl::ReduceOp::kProduct},
-      {"min", mccl::ReduceOp::kMin}, {"max", mccl::ReduceOp::kMax}};
-  const mccl::ReduceOp* code = nullptr;
-  for (const auto& [name, value] : kOps)
-    if (op == name) code = &value;
-  TORCH_CHECK(code != nullptr, "reduce_into: unknown op '", op, "' (sum, avg, product, min, max)");
-  mccl::DataType dtype;
-  switch (dst.scalar_type()) {
-    case at::kFloat: dtype = mccl::DataType::kFloat32; break;
-    case at::kDouble: dtype = mccl::DataType::kFloat64; break;
-    case at::kHalf: dtype = mccl::DataType::kFloat16; break;
-    case at::kBFloat16: dtype = mccl::DataType::kBFloat16; break;
-    default: TORCH_CHECK(false, "reduce_into: dtype ", dst.scalar_type(), " is not a floating type");
-  }
-  TORCH_CHECK(dst.device().is_cpu() && src.device().is_cpu() && dst.is_contiguous() && src.is_contiguous() &&
-                  dst.scalar_type() == src.scalar_type() && dst.numel() == src.numel(),
-              "reduce_into: dst and src must be contiguous CPU tensors of one dtype and size, got ",
-              dst.sizes(), " ", dst.scalar_type(), " on ", dst.device(), " and ", src.sizes(), " ",
-              src.scalar_type(), " on ", src.device());
-  pybind11::gil_scoped_release release;
-  mccl::reduce_into(dst.data_ptr(), src.data_ptr(), size_t(dst.numel()), dtype, *code);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(c10d, MPS, m) {
@@ -164,8 +136,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("clock_ns", &mccl::steady_now_ns, "now in the engine's steady clock, the clock of timeline() and stats()");
   m.def("interfaces", &mccl::list_interfaces,
         "(interface name, address) pairs of this machine, from getifaddrs()");
-  m.def("reduce_into", &reduce_into, pybind11::arg("dst"), pybind11::arg("src"), pybind11::arg("op"),
-        "dst = dst OP src with the engine's CPU reducer (float tensors on the CPU)");
   m.def("reduce_vector_path", &mccl::reduce_vector_path,
         "the vector instructions the engine's CPU reducer uses in this process (for mccl doctor)");
   m.def(
