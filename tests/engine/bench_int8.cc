@@ -108,11 +108,11 @@ Row measure(const Design& d, int world, size_t count) {
 // received piece into a partial sum that is encoded onward (the ring's hop, the exchange's last fold).
 void codec_cost(size_t count) {
   for (WireType type : {WireType::kBFloat16, WireType::kInt8Blocks}) {
-    auto codec = Codec::make(type, DataType::kFloat32, ReduceOp::kSum, 8, 1, nullptr);
+    auto codec = Codec::make(type, DataType::kFloat32, ReduceOp::kSum, 8, 1);
     std::vector<float> x(count), acc(count);
     for (size_t i = 0; i < count; ++i) x[i] = acc[i] = gradient(0, i);
     std::vector<char> wire(codec->wire_bytes(count)), onward(codec->wire_bytes(count));
-    codec->encode(wire.data(), x.data(), count, 0);
+    codec->encode(wire.data(), x.data(), count);
     auto time = [&](auto&& body) {
       double best = 1e30;
       for (int k = 0; k < 5; ++k) {
@@ -122,9 +122,9 @@ void codec_cost(size_t count) {
       }
       return best * 1e9 / count;
     };
-    const double encode = time([&] { codec->encode(wire.data(), x.data(), count, 0); });
+    const double encode = time([&] { codec->encode(wire.data(), x.data(), count); });
     const double decode = time([&] { codec->decode(acc.data(), wire.data(), count); });
-    const double fold = time([&] { codec->reduce(acc.data(), wire.data(), count, 0, Fold{onward.data(), nullptr, false}); });
+    const double fold = time([&] { codec->reduce(acc.data(), wire.data(), count, Fold{onward.data(), nullptr, false}); });
     std::printf("codec %-12s encode %.2f ns/value, decode %.2f, decode+add+encode %.2f (one thread, %zu values)\n",
                 wire_format_name(type), encode, decode, fold, count);
   }
