@@ -17,6 +17,7 @@ constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
 constexpr int32_t kInfBits = 0x7F800000;
 constexpr float kMinScaled = 0x1.0p-100f;  // blocks whose largest magnitude is below this travel as zeros
 constexpr uint32_t kScaleStep = 0x80u;     // one unit in the last of a scale's 17 significant bits
+constexpr float kMaxScale = 0x1.041p+121f;  // the largest 17-bit float s whose 126 s is finite
 constexpr size_t kScaleBytes = sizeof(float);
 
 // The largest finite magnitude of a block, as bits: non-negative floats order as their bits do, and an
@@ -33,13 +34,15 @@ MCCL_TARGET_CLONES int32_t max_finite_bits(const float* __restrict x, size_t n) 
 
 // s: the smallest float with 17 significant bits that is at least largest / 126 (int8_blocks.h says why). The
 // quotient rounded up to 17 bits is within one step of it, and 126 * s is exact (6 + 17 bits), so the
-// comparisons decide it exactly, whatever rounding the candidate came from.
+// comparisons decide it exactly, whatever rounding the candidate came from. Past kMaxScale, the largest
+// magnitudes still round to code 126 (|x| / s < 126 (1 + 2^-16)), and 126 s stays finite.
 float scale_of(float largest) {
   if (!(largest >= kMinScaled)) return 0.0f;
   const uint32_t candidate = (f32_bits(largest / 126.0f) + kScaleStep - 1) & ~(kScaleStep - 1);
-  if (bits_f32(candidate - kScaleStep) * 126.0f >= largest) return bits_f32(candidate - kScaleStep);
-  if (bits_f32(candidate) * 126.0f >= largest) return bits_f32(candidate);
-  return bits_f32(candidate + kScaleStep);
+  float s = bits_f32(candidate + kScaleStep);
+  if (bits_f32(candidate - kScaleStep) * 126.0f >= largest) s = bits_f32(candidate - kScaleStep);
+  else if (bits_f32(candidate) * 126.0f >= largest) s = bits_f32(candidate);
+  return std::min(s, kMaxScale);
 }
 
 // Selects on bits only (float_bits.h), so that the loops vectorise. Every finite |x| * inverse is at most

@@ -2,7 +2,7 @@
 // wire a block is its float32 scale s, then one int8 code per value; a value is code * s.
 //
 // s is the smallest float with 17 significant bits that is at least M / 126, M the block's largest finite
-// magnitude: code * s is then exact for every code, and encoding a decoded block again gives the same bytes (a
+// magnitude (but at most 0x1.041p+121, the largest whose 126 s is finite): code * s is then exact for every code, and encoding a decoded block again gives the same bytes (a
 // rank that keeps what it sends holds what its receivers decode). Codes are x * (1 / s), each product rounded
 // to float32, then to the nearest integer (ties to even), within -126..126; the other three codes carry what no
 // scale may hide: -128 NaN, 127 +Inf, -127 -Inf. A block whose M is below 2^-100 travels as zeros (s = 0).

@@ -62,9 +62,18 @@ TEST(wire_size_is_one_scale_per_block) {
   CHECK(int8_wire_bytes(kInt8Block + 1) == kInt8Block + 1 + 8);
 }
 
+// The largest scale: 17 significant bits, 126 times it finite, 126 times the next one not.
+constexpr float kMaxScale = 0x1.041p+121f;
+
 // Where a rounded quotient and the exact one part: M = 126 g exactly for a 17-bit g (s = g), and M one float
 // either side of it; the largest and smallest magnitudes that are scaled; and many values in between.
 TEST(the_scale_is_the_smallest_17_bit_float_at_least_the_largest_over_126) {
+  uint32_t max_bits;
+  std::memcpy(&max_bits, &kMaxScale, sizeof max_bits);
+  const uint32_t next_bits = max_bits + 0x80;
+  float next;
+  std::memcpy(&next, &next_bits, sizeof next);
+  CHECK((max_bits & 0x7F) == 0 && std::isfinite(kMaxScale * 126.0f) && std::isinf(next * 126.0f));
   std::vector<float> largest = {0x1.0p-100f, std::numeric_limits<float>::max(), 1.0f, 126.0f, 3.0e-20f};
   for (uint32_t k = 0; k < 3000; ++k) {
     const uint32_t significand = 65536 + (k * 2654435761u) % 65536;  // 17 bits
@@ -78,12 +87,18 @@ TEST(the_scale_is_the_smallest_17_bit_float_at_least_the_largest_over_126) {
     x[17] = -m;
     float s;
     std::memcpy(&s, encoded(x).data(), sizeof s);
+    const float back = decoded(encoded(x), x.size())[17];
+    CHECK_MSG(std::fabs(double(back) + m) <= double(s) / 2, "M %a decodes to %a (scale %a)", m, back, s);
     uint32_t bits;
     std::memcpy(&bits, &s, sizeof bits);
     float below;
     const uint32_t below_bits = bits - 0x80;  // one step less in the 17th significant bit
     std::memcpy(&below, &below_bits, sizeof below);
     CHECK_MSG((bits & 0x7F) == 0, "M %a: scale %a has more than 17 significant bits", m, s);
+    if (double(m) / 126 > double(kMaxScale)) {  // 126 s must stay finite
+      CHECK_MSG(s == kMaxScale, "M %a: scale %a, expected the largest, %a", m, s, kMaxScale);
+      continue;
+    }
     CHECK_MSG(double(s) * 126 >= double(m) && double(below) * 126 < double(m), "M %a: scale %a is not the least "
               "17-bit float at least M / 126", m, s);
   }
