@@ -22,10 +22,13 @@ constexpr double kToNearest = 12582912.0;     // 1.5 * 2^23: v + it is a float32
 constexpr int32_t kScaleStep = 0x80;          // one unit in the last of a scale's 17 significant bits
 constexpr int32_t kMaxScaleBits = 0x7C020800;  // 0x1.041p+121, the largest 17-bit float s whose 126 s is finite
 constexpr int64_t kSignificands = 1 << 16;    // a scale's 16 significand bits after the leading one
+constexpr int32_t kExponentBits = 0x7F800000;  // a float32's exponent field
+constexpr int32_t kOneBits = 0x3F800000;       // 1.0f
 
-// What the codec looks up, per device: fl(1 / m) for every 17-bit significand m in [1, 2), as float32 bits
-// (a scale's inverse without a division, which a device need not round correctly; the CPU does), and the
-// value of each code as the uint8 that holds it (codes 127, -128, -127: +Inf, NaN, -Inf).
+// What the codec looks up, per device: for every 17-bit significand m in [1, 2), fl(1 / m)'s float32 bits plus
+// 127 << 23, so that a scale's inverse is this minus the scale's exponent field (a scale's inverse without a
+// division, which a device need not round correctly; the CPU does); and the value of each code, indexed by the
+// uint8 that holds it (codes 127, -128, -127: +Inf, NaN, -Inf).
 struct Tables {
   at::Tensor inverse;
   at::Tensor code_values;
@@ -34,9 +37,9 @@ struct Tables {
 Tables make_tables(const c10::Device& device) {
   std::vector<int32_t> inverse(kSignificands);
   for (int64_t i = 0; i < kSignificands; ++i) {
-    const float m = 1.0f + static_cast<float>(i) / kSignificands;  // exact
-    const float r = 1.0f / m;
+    const float r = 1.0f / (1.0f + static_cast<float>(i) / kSignificands);  // 1 / m, m exact
     std::memcpy(&inverse[i], &r, sizeof r);
+    inverse[i] += 127 << 23;
   }
   std::vector<float> values(256);
   for (int u = 0; u < 256; ++u) values[u] = static_cast<float>(static_cast<int8_t>(u));
@@ -62,23 +65,23 @@ struct Scales {
   at::Tensor inverse;  // fl(1 / scale); 1 where the scale is 0 (every finite value there is below 2^-100)
 };
 
-// int8_blocks.cc's scale_of, block by block: the least 17-bit float s with 126 s >= M (at most kMaxScaleBits). A
-// candidate M * fl(1/126) rounded up to 17 bits is within one step of it, and 126 s is exact, so the comparisons
-// decide it exactly. Positive floats order as their bits.
+// int8_blocks.cc's scale_of, block by block: the least 17-bit float s with 126 s >= M (at most kMaxScaleBits).
+// M times a float just above 1/126, rounded up to 17 bits, is at least M / 126 and within one step of s, and
+// 126 s is exact, so one comparison decides it exactly. Positive floats order as their bits.
 Scales scales_of(const at::Tensor& largest, const Tables& t) {
-  const at::Tensor candidate = at::bitwise_and(at::mul(largest, 1.0 / 126).view(at::kInt) + (kScaleStep - 1),
+  static const double above = std::nextafter(1.0f / 126.0f, 1.0f);  // fl(1/126) (1 + 2^-24) > 1/126 (1 + 2^-24)
+  const at::Tensor candidate = at::bitwise_and(at::mul(largest, above).view(at::kInt) + (kScaleStep - 1),
                                                ~(kScaleStep - 1));
   const at::Tensor below = candidate - kScaleStep;
-  const at::Tensor bits = at::clamp_max(
-      at::where(at::mul(below.view(at::kFloat), 126) >= largest, below,
-                at::where(at::mul(candidate.view(at::kFloat), 126) >= largest, candidate, candidate + kScaleStep)),
-      kMaxScaleBits);
   const at::Tensor scaled = largest >= kMinScaled;
-  // s = m 2^(E - 127), E its biased exponent: 1 / s = (1 / m) 2^(127 - E), exact in the exponent field.
+  // Blocks that travel as zeros take the scale 1 here: an inverse of 1 leaves their finite codes 0.
+  const at::Tensor bits = at::where(
+      scaled, at::clamp_max(at::where(at::mul(below.view(at::kFloat), 126) >= largest, below, candidate), kMaxScaleBits),
+      kOneBits);
+  // s = m 2^(E - 127), E its biased exponent: 1 / s = (1 / m) 2^(127 - E), the exponent field moved exactly.
   const at::Tensor significand = at::bitwise_and(at::bitwise_right_shift(bits, 7), kSignificands - 1);
-  const at::Tensor exponent = at::bitwise_right_shift(bits, 23);
-  const at::Tensor inverse = at::index_select(t.inverse, 0, significand) + (127 - exponent) * (1 << 23);
-  return {at::where(scaled, bits.view(at::kFloat), 0.0), at::where(scaled, inverse.view(at::kFloat), 1.0)};
+  const at::Tensor inverse = at::index_select(t.inverse, 0, significand) - at::bitwise_and(bits, kExponentBits);
+  return {at::where(scaled, bits.view(at::kFloat), 0.0), inverse.view(at::kFloat)};
 }
 
 }  // namespace
@@ -100,9 +103,9 @@ at::Tensor int8_encode_blocks(const at::Tensor& values, const at::Tensor& residu
     x = sum;
   }
   const at::Tensor y = x.view({blocks, kBlock});
-  at::Tensor work = at::abs(y);
-  at::nan_to_num_(work, 0.0, 0.0, 0.0);  // the largest finite magnitude: NaN and Inf count as 0
-  const Scales s = scales_of(at::amax(work, {1}), t);
+  at::Tensor work = at::nan_to_num(y, 0.0, 0.0, 0.0);  // the largest finite magnitude: NaN and Inf count as 0
+  const auto [least, most] = at::aminmax(work, 1);
+  const Scales s = scales_of(at::maximum(-least, most), t);
   at::mul_out(work, y, s.inverse.unsqueeze(1));
   at::nan_to_num_(work, -128.0, 127.0, -127.0);  // NaN, +Inf, -Inf: their codes (finite products are within 126.5)
   work.add_(kToNearest);  // rounded to the nearest integer, ties to even: its low byte is the code

@@ -24,10 +24,16 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not _cuda(), rea
 
 
 def _values(count: int, seed: int) -> np.ndarray:
-    """Block magnitudes over 2^-140..2^120, and every special value the format has a rule for."""
+    """Block magnitudes over 2^-140..2^120; blocks whose largest magnitude is 126 times a 17-bit float, or a float
+    either side of that (where a rounded quotient and the exact one part); and every special value the format
+    has a rule for."""
     rng = np.random.default_rng(seed)
     exponents = np.repeat(rng.integers(-140, 120, size=count // 256 + 1), 256)[:count]
     x = (rng.standard_normal(count) * np.exp2(exponents.astype(np.float64))).astype(np.float32)
+    for first in range(0, count, 3 * 256):  # one block in three: its largest value set so
+        g = np.float32(np.ldexp(float(rng.integers(1 << 16, 1 << 17)), int(exponents[first]) - 19))
+        exact = g * np.float32(126)  # 17 + 6 bits: exact
+        x[first] = [exact, np.nextafter(exact, np.float32(0)), np.nextafter(exact, np.float32(np.inf))][first // 768 % 3]
     bits = x.view(np.uint32)
     special = {0: 0x7FC00000, 1: 0xFFC00000, 2: 0x7F800001, 3: 0x7F800000, 4: 0xFF800000, 5: 0x00000000,
                6: 0x80000000, 7: 0x00000001, 8: 0x807FFFFF, 9: 0x7F7FFFFF, 10: 0xFF7FFFFF, 11: 0x0B800000}
