@@ -5,10 +5,14 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
+#include <c10/core/StreamGuard.h>
+
 #include "int8_blocks.h"
+#include "stream_order.hpp"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "a code is the low byte of a float32's bits");
 
@@ -46,6 +50,9 @@ Tables make_tables(const c10::Device& device) {
   values[127] = std::numeric_limits<float>::infinity();
   values[128] = std::numeric_limits<float>::quiet_NaN();
   values[129] = -std::numeric_limits<float>::infinity();
+  // Copied once, and done when .to() returns (so any stream may read them), on the side stream: the host waits
+  // for that stream, never for the caller's kernels.
+  c10::OptionalStreamGuard guard(device.is_cpu() ? std::nullopt : std::optional<c10::Stream>(side_stream(device)));
   const auto cpu = at::TensorOptions().device(at::kCPU);
   return {at::tensor(inverse, cpu.dtype(at::kInt)).to(device), at::tensor(values, cpu.dtype(at::kFloat)).to(device)};
 }
