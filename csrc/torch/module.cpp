@@ -139,7 +139,7 @@ at::Tensor int8_decode(const at::Tensor& wire, int64_t count, bool engine) {
   at::Tensor out = at::empty({count}, wire.options().dtype(at::kFloat));
   if (!engine) {
     const int64_t rows = (count + mccl::kInt8Block - 1) / mccl::kInt8Block;
-    at::Tensor blocks = at::zeros({rows, 4 + static_cast<int64_t>(mccl::kInt8Block)}, wire.options());
+    at::Tensor blocks = at::empty({rows, 4 + static_cast<int64_t>(mccl::kInt8Block)}, wire.options());  // padding: unread
     blocks.view(-1).narrow(0, 0, wire.numel()).copy_(wire);
     lightning_mccl::int8_decode_blocks(blocks, out);
     return out;
