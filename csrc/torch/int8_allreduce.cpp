@@ -1,12 +1,15 @@
 // ProcessGroupMCCL::allreduce_int8: the 8-bit allreduce (docs/int8.md). Two ways to the same frames, the same
 // bits in the results and in the residuals:
-//   - on the device (accelerator tensors): torch ops on the caller's stream add the residual, encode
-//     (int8_codec.hpp) and leave the encoding's error in the residual; the engine gets the encoded values, a
+//   - on the device (accelerator tensors): torch ops on the staging stream, after the caller's, add the residual,
+//     encode (int8_codec.hpp) and leave the encoding's error in the residual; the engine gets the encoded values, a
 //     quarter of the bytes to stage, and the residual of the values this rank owns, to which it adds the error of
 //     their sums; when it is done the encoded result is decoded into the tensor on the staging stream.
 //   - in the engine (CPU tensors): the tensor's float32 values and a CPU residual, all of the work on the
 //     engine's threads (its vector code).
+#include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <optional>
 
 #include "arguments.hpp"
 #include "errors.hpp"
@@ -14,6 +17,7 @@
 #include "int8_codec.hpp"
 #include "launch.hpp"
 #include "staging.hpp"
+#include "stream_order.hpp"
 
 namespace lightning_mccl {
 
@@ -49,8 +53,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce_int8(at::Tensor& tens
       return comm_->allreduce_int8(data, count, reduce, kept, std::move(done), std::move(after));
     });
   }
+  // The per-value work runs on the staging stream, after what the caller has queued so far (the values'
+  // producer), so that it overlaps the caller's next kernels; staging then starts from that stream.
+  std::optional<c10::Stream> side;
+  if (!tensor.device().is_cpu()) {
+    side = side_stream(tensor.device());
+    order_after(current_stream(tensor.device()), *side);
+    const auto* impl = c10::impl::getDeviceGuardImpl(tensor.device().type());
+    impl->recordDataPtrOnStream(tensor.storage().data_ptr(), *side);  // the caller's memory, used there too
+    if (residual.defined()) impl->recordDataPtrOnStream(residual.storage().data_ptr(), *side);
+  }
+  c10::OptionalStreamGuard on_side(side);
   const at::Tensor values = tensor.contiguous();
-  const at::Tensor blocks = int8_encode_blocks(values, residual);  // on the caller's stream, like the producer
+  const at::Tensor blocks = int8_encode_blocks(values, residual);
   staging->push_back(stage(int8_wire_view(blocks, tensor.numel()), Access::kReadWrite, name, rank_));
   float* owned = nullptr;
   if (residual.defined()) {
@@ -64,10 +79,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce_int8(at::Tensor& tens
   auto finish = [blocks, values, tensor] {
     int8_decode_blocks(blocks, values);
     if (!values.is_same(tensor)) tensor.copy_(values);
-    if (!tensor.device().is_cpu()) {
-      const auto* guard = c10::impl::getDeviceGuardImpl(tensor.device().type());
-      guard->recordDataPtrOnStream(tensor.storage().data_ptr(), guard->getStream(tensor.device()));
-    }
   };
   return launch(
       c10d::OpType::ALLREDUCE, outputs, staging,
