@@ -13,7 +13,8 @@ bytes, so the same results and residuals, bit for bit.
 
     all_reduce(tensor, residual, op="avg", group=None, codec="auto") -> torch.distributed.Work
         tensor    float32, on the CPU, CUDA or MPS; the result replaces its values (as dist.all_reduce does).
-                  The call never waits for the device: device work is queued on the current stream.
+                  The call never waits for the device: its device work is queued on mccl's staging stream,
+                  after the current stream's (docs/staging.md), and the Work's future orders its consumers.
         residual  None (no error feedback), or a contiguous float32 tensor of as many elements, zeros at first,
                   on the device where the codec runs (residual_device(tensor, codec): the tensor's own device,
                   or the CPU for codec="engine"), that the caller keeps between calls for the same values
