@@ -114,6 +114,26 @@ def test_error_feedback_keeps_what_the_results_lack(codec):
     assert np.abs(results[0]["plain"] - exact / 2).max() <= 3 * 2 / 252 / 2 * 1.001
 
 
+def test_residuals_live_where_the_codec_runs_and_survive_a_checkpoint():
+    import torch
+
+    from lightning_mccl import int8
+
+    on_device = torch.ones(10, device="meta")  # a device without CUDA or MPS: only where tensors are, not values
+    assert int8.residual_device(on_device) == on_device.device and int8.residual_device(torch.ones(3)).type == "cpu"
+    assert int8.residual_device(on_device, "engine").type == "cpu"
+    feedback = int8.ErrorFeedback()
+    kept = feedback.residual("bucket", torch.ones(10))
+    kept += 0.5
+    assert feedback.residual("bucket", torch.ones(10)) is kept
+    restored = int8.ErrorFeedback()
+    restored.load_state_dict(feedback.state_dict())
+    assert torch.equal(restored.residual("bucket", torch.ones(10)), kept)  # resumed exactly
+    moved = restored.residual("bucket", on_device)  # moved where the codec now runs
+    assert moved.device == on_device.device and moved.shape == kept.shape
+    assert torch.equal(feedback.residual("bucket", torch.ones(11)), torch.zeros(11))  # DDP rebuilt its buckets
+
+
 class _Bucket:
     def __init__(self, tensor):
         self._tensor = tensor
