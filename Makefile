@@ -132,8 +132,8 @@ test-lightning-oldest: build $(LIGHTNING_OLDEST_DIR)
 # engine, its C++ tests and the torch binding for aarch64-macos, against the macOS arm64 torch wheel (cached
 # under build/cross/); nothing runs. MACOS_TORCH_VERSION: the newest torch with a macOS arm64 wheel on PyPI
 # (TORCH_SPEC's release has none there). test-arm64 builds the engine for aarch64-linux-musl, checks the
-# reduction kernels are NEON code, and builds and runs test_reduce, test_collectives and test_metal_arith under
-# qemu-user (installed with apt-get when missing and root).
+# reduction kernels are NEON code, and builds and runs test_reduce and test_collectives under qemu-user
+# (installed with apt-get when missing and root).
 MACOS_TORCH_VERSION ?= 2.9.1
 check-macos: $(VENV)/.tools
 	$(PY) tools/cross.py macos --torch-version $(MACOS_TORCH_VERSION)

@@ -9,7 +9,7 @@
 # log.txt and leaves what it measured.
 #
 # Experiments, and the variables that change them (defaults in parentheses):
-#   cuda-tests      the CUDA tests (TESTS: more test files)
+#   cuda-tests      the CUDA tests, the 8-bit codec's on the device among them (TESTS: more test files)
 #   fleet8 fleet16  the fleet stand-in, N ranks each on an emulated 10 Gbit/s host, ViT-B/16 on the shared GPU
 #                   (BATCH 8, STEPS 12, SERIES: the strategy's choices, Gloo, and DDP's 25 MB buckets)
 #   powersgd        PowerSGD as the strategy runs it (one bucket, batched) at rank 1 and 4 (BATCH 8)
@@ -27,6 +27,10 @@
 #   algos           the algorithm table (csrc/engine/algorithms/select.cc): latency algorithms against rings
 #   sender nsocks   4 ranks on loopback: the sender thread, and connections per peer
 #   convergence     python3 benchmarks/convergence.py --device cuda --out DIR $CONVERGENCE_ARGS
+#   plan-profiles   mccl plan's profiles of ViT-B/16 on cuda, batch 8 and 32, with N processes sharing the GPU
+#                   for N in HOSTS (4 8 16), as the stand-in's N ranks (docs/scaling.md)
+#   plan-fleetN     the stand-in at N hosts, batch 32 and 8, every bucketed method of mccl plan (DDP, bf16
+#                   hook, int8, PowerSGD rank 1); plan-dilocoN: DiLoCo (DILOCO: mccl-bf16+diloco:H=8)
 # CONGESTION (cubic) is the emulated hosts' TCP congestion control; WIRE_RTOL (3e-2) the tolerance of the
 # wire types' results against float64.
 set -x
@@ -71,7 +75,8 @@ for experiment in "$@"; do
   case $experiment in
   cuda-tests)
     tests cuda_tests 240 tests/torch/test_cuda_no_stall.py tests/torch/test_cuda_staging.py \
-      tests/torch/test_cuda_in_place.py tests/torch/test_chained_hooks.py tests/torch/test_wire_compression.py ${TESTS:-} ;;
+      tests/torch/test_cuda_in_place.py tests/torch/test_chained_hooks.py tests/torch/test_wire_compression.py \
+      tests/torch/test_int8_codec.py tests/torch/test_int8.py ${TESTS:-} ;;
   fleet[0-9]*)
     n=${experiment#fleet}
     py 300 $F --hosts $n --steps ${STEPS:-12} --batch ${BATCH:-8} --timeout $(T 300) --out "$R/fleet${n}_b${BATCH:-8}" \
@@ -149,6 +154,19 @@ mccl:MCCL_RING_LOOKAHEAD_BYTES=512M:label=lookahead512M,gloo ;;
       --series mccl:MCCL_SEND_THREAD_BYTES=0:label=1-thread,mccl,mccl:MCCL_NSOCKS=2:label=nsocks2,mccl:MCCL_NSOCKS=4:label=nsocks4,gloo ;;
   convergence)
     py 550 benchmarks/convergence.py --device cuda --out "$R/convergence" ${CONVERGENCE_ARGS:-} ;;
+  plan-profiles)
+    for b in 8 32; do for n in ${HOSTS:-4 8 16}; do
+      py 150 -m lightning_mccl.cli plan --model vit_base_patch16_224 --batch $b --device cuda --share-device $n \
+        --hosts 1-48 --save-profile "$R/plan_profile_b${b}_share$n.json" --out "$R/plan_b${b}_share$n"
+    done; done ;;
+  plan-fleet[0-9]*)
+    n=${experiment#plan-fleet}
+    py 560 $F --hosts $n --steps 8 --batch 32 8 --powersgd-rank 1 --timeout $(T 560) --out "$R/plan_fleet$n" \
+      --series compute,mccl:bucket=5,mccl+bf16_hook:bucket=5,mccl+int8:bucket=5,mccl+powersgd_batched:bucket=1000 ;;
+  plan-diloco[0-9]*)
+    n=${experiment#plan-diloco}
+    py 300 $F --hosts $n --warmup 8 --steps 24 --batch 32 8 --timeout $(T 300) --out "$R/plan_diloco$n" \
+      --series compute,${DILOCO:-mccl-bf16+diloco:H=8} ;;
   *) echo "unknown experiment $experiment (see the head of $0)"; rc=2 ;;
   esac
 done

@@ -8,9 +8,9 @@ import platform
 import shlex
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
-Table = Tuple[List[str], List[List[str]]]  # column titles, rows of cells
+from lightning_mccl.cli.console import Table, markdown_table, print_table  # noqa: F401 (this module's API)
 
 
 def default_out_dir(name: str) -> str:
@@ -63,33 +63,6 @@ def markdown(title: str, header: Dict[str, str], table: Table, notes: Sequence[s
     lines = [f"# {title}", ""]
     lines += [f"- {k}: `{v}`" if k == "command" else f"- {k}: {v}" for k, v in header.items()]
     return "\n".join(lines) + "\n\n" + markdown_table(table, notes)
-
-
-def markdown_table(table: Table, notes: Sequence[str] = ()) -> str:
-    """The table (and its notes) alone, for a further section of a results.md."""
-    cols, rows = table
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    if notes:
-        lines += [""] + list(notes)
-    return "\n".join(lines) + "\n"
-
-
-def print_table(title: str, table: Table, notes: Sequence[str] = ()) -> None:
-    from rich.table import Table as RichTable
-
-    from lightning_mccl.cli.console import stdout_console
-
-    cols, rows = table
-    t = RichTable(title=title, title_justify="left")
-    for i, c in enumerate(cols):
-        t.add_column(c, justify="left" if i == 0 else "right")
-    for r in rows:
-        t.add_row(*r)
-    out = stdout_console()
-    out.print(t)
-    for n in notes:
-        out.print(f"[dim]{n}[/]")
 
 
 def plot(path: str, title: str, panels: Sequence[dict]) -> Optional[str]:

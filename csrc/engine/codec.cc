@@ -46,14 +46,14 @@ class Exact final : public Codec {
   bool in_place() const override { return true; }
   size_t wire_bytes(size_t count) const override { return count * esize_; }
   size_t piece_elements(size_t chunk_bytes) const override { return std::max<size_t>(1, chunk_bytes / esize_); }
-  void encode(char* wire, const void* data, size_t count, size_t) const override {
+  void encode(char* wire, const void* data, size_t count, float*) const override {
     if (count) std::memcpy(wire, data, count * esize_);
   }
   void decode(void* data, const char* wire, size_t count) const override {
     if (count) std::memcpy(data, wire, count * esize_);
   }
   // The result is sent from dst itself (in_place), so an onward encoding is never asked for.
-  void reduce(void* dst, const char* wire, size_t count, size_t, const Fold& fold) const override {
+  void reduce(void* dst, const char* wire, size_t count, const Fold& fold) const override {
     if (fold.own && fold.own != dst && count) std::memcpy(dst, fold.own, count * esize_);  // one piece: in cache
     reduce_into(dst, wire, count, dtype_, op_, threads_);
     if (fold.final && op_ == ReduceOp::kAvg) divide_by(dst, count, dtype_, world_);
@@ -107,42 +107,39 @@ class Narrowing final : public Codec {
   static constexpr size_t kTile = 4096;  // floats: 16 KiB
   static_assert(kTile % Format::kUnit == 0, "a tile holds whole units");
 
-  Narrowing(Format format, ReduceOp op, int world, size_t threads, float* residual)
-      : format_(format), op_(op), world_(world), threads_(threads), residual_(residual) {}
+  Narrowing(Format format, ReduceOp op, int world, size_t threads)
+      : format_(format), op_(op), world_(world), threads_(threads) {}
 
   size_t wire_bytes(size_t count) const override { return format_.wire_bytes(count); }
   size_t piece_elements(size_t chunk_bytes) const override {
     const size_t units = chunk_bytes / format_.wire_bytes(Format::kUnit);
     return std::max<size_t>(1, units) * Format::kUnit;
   }
-  void encode(char* wire, const void* data, size_t count, size_t at) const override {
+  void encode(char* wire, const void* data, size_t count, float* error) const override {
     const float* src = static_cast<const float*>(data);
-    if (!residual_) return format_.encode(wire, src, count, threads_);
+    if (!error) return format_.encode(wire, src, count, threads_);
     in_tiles(count, [&](size_t i, size_t n) {
-      float* x = residual_ + at + i;  // holds the values to encode, then their error
+      float* x = error + i;  // holds the values to encode, then their error
       for (size_t k = 0; k < n; ++k) x[k] += src[i + k];
-      encode_keeping_error(wire + format_.wire_offset(i), x, n, x, 1);
+      encode_keeping_error(wire + format_.wire_offset(i), x, n, x, 1, false);
     });
   }
   void decode(void* data, const char* wire, size_t count) const override {
     format_.decode(static_cast<float*>(data), wire, count, threads_);
   }
-  void reduce(void* dst, const char* wire, size_t count, size_t at, const Fold& fold) const override {
+  void reduce(void* dst, const char* wire, size_t count, const Fold& fold) const override {
     float* out = static_cast<float*>(dst);
     const float* own = fold.own != dst ? static_cast<const float*>(fold.own) : nullptr;
-    float* residual = residual_ && fold.onward ? residual_ + at : nullptr;
     const int divisor = fold.final && op_ == ReduceOp::kAvg ? world_ : 1;
     in_tiles(count, [&](size_t i, size_t n) {
       alignas(64) float tile[kTile];
       format_.decode(tile, wire + format_.wire_offset(i), n, 1);
       if (own) std::memcpy(out + i, own + i, n * sizeof(float));
       reduce_into(out + i, tile, n, DataType::kFloat32, op_, 1);
-      if (residual)
-        for (size_t k = 0; k < n; ++k) out[i + k] += residual[i + k];
       if (divisor > 1) divide_by(out + i, n, DataType::kFloat32, divisor);
       if (!fold.onward) return;
       char* onward = fold.onward + format_.wire_offset(i);
-      if (residual) encode_keeping_error(onward, out + i, n, residual + i, divisor);
+      if (fold.error) encode_keeping_error(onward, out + i, n, fold.error + i, divisor, true);
       else format_.encode(onward, out + i, n, 1);
       if (fold.final) format_.decode(out + i, onward, n, 1);
     });
@@ -157,22 +154,24 @@ class Narrowing final : public Codec {
       for (size_t i = begin; i < begin + len; i += kTile) body(i, std::min(kTile, begin + len - i));
     });
   }
-  // Encodes x (one tile) and leaves in `error` (which may be x) what the receivers lose of it, times `scale`
-  // (the divisor an AVG applied to x, so that the error is in the units of the sum); 0 where x is not finite
-  // (a NaN or Inf travels as itself and must not come back in the next call).
-  void encode_keeping_error(char* wire, const float* x, size_t n, float* error, int scale) const {
+  // Encodes x (one tile), and sets (or with `add`, adds to) `error` (which may be x) what the receivers lose of
+  // it, times `scale` (the divisor an AVG applied to x, so that the error is in the units of the sum); nothing
+  // where x is not finite (a NaN or Inf travels as itself and must not come back in the next call).
+  void encode_keeping_error(char* wire, const float* x, size_t n, float* error, int scale, bool add) const {
     alignas(64) float back[kTile];
     format_.encode(wire, x, n, 1);
     format_.decode(back, wire, n, 1);
     const float s = static_cast<float>(scale);
-    for (size_t k = 0; k < n; ++k) error[k] = std::isfinite(x[k]) ? (x[k] - back[k]) * s : 0.0f;
+    for (size_t k = 0; k < n; ++k) {
+      const float lost = std::isfinite(x[k]) ? (x[k] - back[k]) * s : 0.0f;
+      error[k] = add ? error[k] + lost : lost;
+    }
   }
 
   const Format format_;
   const ReduceOp op_;
   const int world_;
   const size_t threads_;
-  float* const residual_;
 };
 
 }  // namespace
@@ -185,19 +184,13 @@ uint64_t wire_bytes_of(WireType type, DataType dtype, uint64_t count) {
   }
 }
 
-std::unique_ptr<Codec> Codec::make(WireType type, DataType dtype, ReduceOp op, int world, size_t threads,
-                                   float* residual) {
-  if (dtype != DataType::kFloat32 || type == WireType::kExact) {
-    MCCL_CHECK_ARG(residual == nullptr, "error feedback needs a narrowing wire type and float32 data, got ",
-                   wire_format_name(type), " and ", dtype_name(dtype));
-    return std::make_unique<Exact>(dtype, op, world, threads);
-  }
+std::unique_ptr<Codec> Codec::make(WireType type, DataType dtype, ReduceOp op, int world, size_t threads) {
+  if (dtype != DataType::kFloat32 || type == WireType::kExact) return std::make_unique<Exact>(dtype, op, world, threads);
   switch (type) {
     case WireType::kFloat16: case WireType::kBFloat16:
-      return std::make_unique<Narrowing<HalfFormat>>(HalfFormat{static_cast<DataType>(type)}, op, world, threads,
-                                                     residual);
+      return std::make_unique<Narrowing<HalfFormat>>(HalfFormat{static_cast<DataType>(type)}, op, world, threads);
     case WireType::kInt8Blocks:
-      return std::make_unique<Narrowing<Int8Format>>(Int8Format{}, op, world, threads, residual);
+      return std::make_unique<Narrowing<Int8Format>>(Int8Format{}, op, world, threads);
     default: break;
   }
   fail(Error::Kind::kInvalidArgument, "no codec for wire type ", int(type));

@@ -33,31 +33,31 @@ struct Fold {
   const void* own = nullptr;  // this rank's values, when they are not in dst yet: dst = own OP received
   bool final = false;      // the last contribution: divided by the world size for AVG, and, encoded, the piece
                            // is left holding what its receivers will decode
+  float* error = nullptr;  // with `onward`: the error of that encoding is added here (one float per element), in
+                           // the units of the sum (times the world size after an AVG's division): error feedback
 };
 
-// One collective's codec. Counts are elements of the collective's dtype; `at` is a piece's first element in
-// the collective's buffer (where the error-feedback residual of that element is).
+// One collective's codec. Counts are elements of the collective's dtype.
 class Codec {
  public:
   virtual ~Codec() = default;
   // The codec of a collective of `dtype` and `op` on `world` ranks whose payloads travel as `type` (float32
   // reductions only; anything else is exact). `threads`: how many threads may share a piece's element-wise work
-  // (MCCL_REDUCE_THREADS). `residual` (narrowing types only, or null): error feedback, see int8_blocks.h.
-  static std::unique_ptr<Codec> make(WireType type, DataType dtype, ReduceOp op, int world, size_t threads,
-                                     float* residual);
+  // (MCCL_REDUCE_THREADS).
+  static std::unique_ptr<Codec> make(WireType type, DataType dtype, ReduceOp op, int world, size_t threads);
 
   // Pieces travel as they are: sends read the caller's memory and receives land where they belong.
   virtual bool in_place() const { return false; }
   virtual size_t wire_bytes(size_t count) const = 0;
   // Elements in a pipelined piece about `chunk_bytes` long on the wire (MCCL_CHUNK_BYTES); at least one.
   virtual size_t piece_elements(size_t chunk_bytes) const = 0;
-  // The wire form of this rank's `count` values at `data` (with feedback: plus their residual, which is then
-  // left holding the error of this encoding).
-  virtual void encode(char* wire, const void* data, size_t count, size_t at) const = 0;
+  // The wire form of this rank's `count` values at `data`. With `error` (narrowing types; null: none), error
+  // feedback: what is encoded is data + error, and `error` is then left holding what the receivers lose of it
+  // (0 where that is not finite: a NaN or Inf travels as itself and must not come back in the next call).
+  virtual void encode(char* wire, const void* data, size_t count, float* error = nullptr) const = 0;
   virtual void decode(void* data, const char* wire, size_t count) const = 0;
-  // dst OP= the values `wire` holds; then what `fold` says (with feedback, an onward encoding adds the residual
-  // of these elements to the result first and leaves it holding the error).
-  virtual void reduce(void* dst, const char* wire, size_t count, size_t at, const Fold& fold) const = 0;
+  // dst OP= the values `wire` holds; then what `fold` says.
+  virtual void reduce(void* dst, const char* wire, size_t count, const Fold& fold) const = 0;
   // data = decode(encode(data)), in place: what a rank keeps of values it also sends. Encoding the result
   // again gives the same wire bytes, so the receivers decode exactly what the sender kept.
   virtual void round(void* data, size_t count) const = 0;

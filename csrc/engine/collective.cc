@@ -68,9 +68,9 @@ void WireBuffers::release_all() {
 }
 
 Collective::Collective(Transport& transport, const Config& config, size_t reduce_threads, std::vector<char>* scratch,
-                       WireBuffers* wire, FrameHeader identity, Deadline deadline, float* residual)
+                       WireBuffers* wire, FrameHeader identity, Deadline deadline)
     : transport_(transport), config_(config), scratch_(scratch), wire_(wire), identity_(identity), deadline_(deadline),
-      codec_(Codec::make(static_cast<WireType>(identity.wire_dtype), dtype(), op(), size(), reduce_threads, residual)),
+      codec_(Codec::make(static_cast<WireType>(identity.wire_dtype), dtype(), op(), size(), reduce_threads)),
       element_size_(dtype_size(dtype())),
       piece_bytes_(codec_->piece_elements(config.chunk_bytes) * element_size_) {}
 
@@ -78,7 +78,7 @@ RequestPtr Collective::post_send(int peer, const FrameHeader& header, const void
   if (codec_->in_place() || bytes == 0) return transport_.post_send(peer, header, data, bytes);
   const size_t count = elements(bytes), on_wire = codec_->wire_bytes(count);
   char* wire = wire_->take(on_wire);
-  codec_->encode(wire, data, count, header.offset / element_size_);
+  codec_->encode(wire, data, count);
   RequestPtr request = transport_.post_send(peer, header, wire, on_wire);
   wire_->hold(request);
   return request;
@@ -131,7 +131,7 @@ RequestPtr Collective::recv_to_reduce(int peer, size_t bytes, uint64_t offset, u
 }
 
 void Collective::reduce_received(void* dst, const RequestPtr& received, size_t bytes, const void* own) {
-  codec_->reduce(dst, received->data, elements(bytes), received->header.offset / element_size_, Fold{nullptr, own});
+  codec_->reduce(dst, received->data, elements(bytes), Fold{nullptr, own});
   wire_->release(received);
 }
 
@@ -148,27 +148,41 @@ RequestPtr Collective::reduce_final_and_send(void* dst, const RequestPtr& receiv
   return sends.front();
 }
 
-void Collective::reduce_final_and_send(void* dst, const RequestPtr& received, size_t bytes,
-                                       const std::vector<Onward>& to, std::vector<RequestPtr>* sends) {
-  fold_and_send(dst, received, bytes, to.data(), to.size(), Fold{nullptr, nullptr, /*final=*/true}, sends);
+void Collective::reduce_final_into(void* dst, const RequestPtr& received, size_t bytes, char* into, float* error,
+                                   const std::vector<Onward>& to, std::vector<RequestPtr>* sends) {
+  fold_and_send(dst, received, bytes, to.data(), to.size(), Fold{into, nullptr, /*final=*/true, error}, sends);
 }
 
-// In place, the result is sent from `dst` itself; otherwise it is encoded into a wire buffer in the same pass,
-// which every send of it holds.
+// In place, the result is sent from `dst` itself; otherwise it is encoded in the same pass, into `how.onward` or a
+// wire buffer, which every send of it then holds.
 void Collective::fold_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward* to,
                                size_t destinations, const Fold& how, std::vector<RequestPtr>* sends) {
-  const size_t count = elements(bytes), at = received->header.offset / element_size_;
-  const bool in_place = codec_->in_place();
+  const size_t count = elements(bytes);
+  const bool in_place = codec_->in_place(), borrowed = how.onward != nullptr;
   const size_t on_wire = in_place ? bytes : codec_->wire_bytes(count);
-  char* onward = in_place ? nullptr : wire_->take(on_wire);
-  codec_->reduce(dst, received->data, count, at, Fold{onward, how.own, how.final});
+  char* onward = in_place ? nullptr : borrowed ? how.onward : wire_->take(on_wire);
+  codec_->reduce(dst, received->data, count, Fold{onward, how.own, how.final, how.error});
   wire_->release(received);
   for (size_t k = 0; k < destinations; ++k) {
     const FrameHeader header = frame(to[k].offset, identity_.count, to[k].step);
     sends->push_back(transport_.post_send(to[k].peer, header, in_place ? dst : onward, on_wire));
-    if (!in_place) wire_->hold(sends->back());  // the buffer taken last: `onward`
+    if (!in_place && !borrowed) wire_->hold(sends->back());  // the buffer taken last: `onward`
   }
 }
+
+RequestPtr Collective::send_encoded(int peer, const char* wire, size_t count, uint64_t offset, uint32_t step) {
+  return transport_.post_send(peer, frame(offset, identity_.count, step), wire, codec_->wire_bytes(count));
+}
+
+RequestPtr Collective::recv_encoded(int peer, char* wire, size_t count, uint64_t offset, uint32_t step) {
+  return transport_.post_recv(peer, frame(offset, identity_.count, step), wire, codec_->wire_bytes(count));
+}
+
+void Collective::encode(char* wire, const void* data, size_t count, float* error) {
+  codec_->encode(wire, data, count, error);
+}
+
+void Collective::decode(void* data, const char* wire, size_t count) { codec_->decode(data, wire, count); }
 
 void Collective::keep_as_sent(void* data, size_t bytes) {
   if (bytes > 0) codec_->round(data, elements(bytes));

@@ -67,17 +67,14 @@ struct Onward {
 class Collective {
  public:
   // `reduce_threads`: how many threads may share one piece's element-wise work (MCCL_REDUCE_THREADS).
-  // `residual`: the error feedback of an 8-bit allreduce (codec.h), or null.
   Collective(Transport& transport, const Config& config, size_t reduce_threads, std::vector<char>* scratch,
-             WireBuffers* wire, FrameHeader identity, Deadline deadline, float* residual = nullptr);
+             WireBuffers* wire, FrameHeader identity, Deadline deadline);
 
   int rank() const { return transport_.rank(); }
   int size() const { return transport_.size(); }
   const Config& config() const { return config_; }
   DataType dtype() const { return static_cast<DataType>(identity_.dtype); }
   ReduceOp op() const { return static_cast<ReduceOp>(identity_.reduce_op); }
-  // How its payloads travel: for the choice of an algorithm (select.h), never for a branch inside one.
-  WireType wire_type() const { return static_cast<WireType>(identity_.wire_dtype); }
 
   // Frames of this collective, in the format of its codec (codec.h): callers hand over and get back their
   // own data, whatever travels. Sizes are bytes of that data; offsets, logical byte offsets in the buffer.
@@ -105,11 +102,22 @@ class Collective {
   // The last contribution to a piece this rank keeps and sends on (an allreduce's own segment): reduce_and_send,
   // divided by size() for AVG, and `dst` left with what the receivers will hold.
   RequestPtr reduce_final_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward& to);
-  // The same, sent to every destination in `to` (one encoding for them all); appends the sends to `sends`.
-  void reduce_final_and_send(void* dst, const RequestPtr& received, size_t bytes, const std::vector<Onward>& to,
-                             std::vector<RequestPtr>* sends);
   // Data this rank keeps and also sends, rounded in place to what the others will receive.
   void keep_as_sent(void* data, size_t bytes);
+
+  // Payloads in their wire form already (an 8-bit allreduce's encoded buffer, algorithms/reduce_once.cc): the
+  // wire form of `count` elements, sent from `wire` as it is, or received into it as it comes.
+  RequestPtr send_encoded(int peer, const char* wire, size_t count, uint64_t offset, uint32_t step);
+  RequestPtr recv_encoded(int peer, char* wire, size_t count, uint64_t offset, uint32_t step);
+  // The codec's conversions of whole buffers (element-wise over the reduce threads). encode: see Codec::encode
+  // (`error`: error feedback, or null).
+  void encode(char* wire, const void* data, size_t count, float* error);
+  void decode(void* data, const char* wire, size_t count);
+  // reduce_final_and_send to every destination in `to`, the result encoded into `into` (wire_bytes of the
+  // piece, memory of the caller's, which the sends read) and the error of that encoding added to `error` (null:
+  // none), as Fold says; appends the sends to `sends`.
+  void reduce_final_into(void* dst, const RequestPtr& received, size_t bytes, char* into, float* error,
+                         const std::vector<Onward>& to, std::vector<RequestPtr>* sends);
 
   void wait(const RequestPtr& request) { transport_.wait(request, deadline_); }
   void wait_all(const std::vector<RequestPtr>& requests) { transport_.wait_all(requests, deadline_); }
@@ -127,6 +135,7 @@ class Collective {
   size_t elements(size_t bytes) const { return bytes / element_size_; }
   RequestPtr post_send(int peer, const FrameHeader& header, const void* data, size_t bytes);
   RequestPtr post_recv(int peer, const FrameHeader& header, void* data, size_t bytes, bool kept);
+  // `how.onward`: where the result is encoded (null: a wire buffer of the communicator's).
   void fold_and_send(void* dst, const RequestPtr& received, size_t bytes, const Onward* to, size_t destinations,
                      const Fold& how, std::vector<RequestPtr>* sends);
 

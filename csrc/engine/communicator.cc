@@ -124,8 +124,7 @@ WorkPtr Communicator::enqueue(CollectiveKind kind, DataType dtype, ReduceOp op, 
     id.root = static_cast<uint16_t>(root);
     id.count = count;
     id.wire_dtype = static_cast<uint8_t>(wire.type);
-    order_->add(PendingCollective{id, std::move(body), work, std::move(start_after), Clock::now(), wire.residual},
-                order_);
+    order_->add(PendingCollective{id, std::move(body), work, std::move(start_after), Clock::now()}, order_);
     wake = !spinning_;
   }
   if (wake) transport_->wake();
@@ -218,13 +217,26 @@ WorkPtr Communicator::alltoall(const void* in, std::vector<size_t> send_counts, 
                  std::move(done), std::move(start_after));
 }
 
-WorkPtr Communicator::allreduce_int8(float* buf, size_t count, ReduceOp op, float* residual, Callback done,
-                                     StartAfter start_after) {
+void Communicator::check_int8(ReduceOp op) const {
   check_usable();
   MCCL_CHECK_ARG(op == ReduceOp::kSum || op == ReduceOp::kAvg, "rank ", rank_, ": the 8-bit allreduce sums or "
                  "averages, it does not support reduce op ", op_name(op));
-  return enqueue(CollectiveKind::kAllreduce, DataType::kFloat32, op, 0, count, Wire{WireType::kInt8Blocks, residual},
-                 [=](Collective& c) { mccl::allreduce(c, buf, count); }, std::move(done), std::move(start_after));
+}
+
+WorkPtr Communicator::allreduce_int8(float* buf, size_t count, ReduceOp op, float* residual, Callback done,
+                                     StartAfter start_after) {
+  check_int8(op);
+  return enqueue(CollectiveKind::kAllreduce, DataType::kFloat32, op, 0, count, Wire{WireType::kInt8Blocks},
+                 [=](Collective& c) { allreduce_int8_values(c, buf, count, residual); }, std::move(done),
+                 std::move(start_after));
+}
+
+WorkPtr Communicator::allreduce_int8_blocks(char* blocks, size_t count, ReduceOp op, float* owned_error,
+                                            Callback done, StartAfter start_after) {
+  check_int8(op);
+  return enqueue(CollectiveKind::kAllreduce, DataType::kFloat32, op, 0, count, Wire{WireType::kInt8Blocks},
+                 [=](Collective& c) { mccl::allreduce_int8_blocks(c, blocks, count, owned_error); },
+                 std::move(done), std::move(start_after));
 }
 
 WorkPtr Communicator::barrier(Callback done, StartAfter start_after) {
@@ -342,7 +354,7 @@ void Communicator::run_op(PendingCollective& op) {
         ready = Clock::now();
       }
       Collective c(*transport_, config_, reduce_threads_, scratch_, &wire_buffers_, op.identity,
-                   Clock::now() + timeout(), op.residual);
+                   Clock::now() + timeout());
       op.body(c);
       transport_->check_no_stray_frames(op.identity.seq);
     } catch (...) {

@@ -80,13 +80,21 @@ class Communicator {
   WorkPtr alltoall(const void* in, std::vector<size_t> send_counts, void* out, std::vector<size_t> recv_counts,
                    DataType dtype, Callback done = nullptr, StartAfter start_after = nullptr);
   WorkPtr barrier(Callback done = nullptr, StartAfter start_after = nullptr);
-  // An allreduce of float32 data (SUM or AVG) that travels as 8-bit blocks (int8_blocks.h, docs/int8.md),
-  // whatever MCCL_WIRE_DTYPE says. `residual` (null, or `count` floats of this rank's, zeros at first and kept
-  // by the caller between calls, in memory the progress thread may write): error feedback. This rank quantises
-  // each of its values once per call; the residual of that value is added to it first, and then holds the
-  // error of that quantisation, which the next call adds back.
+  // The 8-bit allreduce (docs/int8.md, algorithms/reduce_once.cc): float32 values, SUM or AVG, that travel as
+  // 8-bit blocks (int8_blocks.h), whatever MCCL_WIRE_DTYPE says, each encoded once by its rank and once, summed,
+  // by its owner. `residual` (null, or `count` floats of this rank's, zeros at first and kept by the caller
+  // between calls, in memory the progress thread may write): error feedback. It is added to the values before
+  // they are encoded, and then holds what this rank's encodings lost: of every value, and of the sums of the
+  // values it owns (in the units of the sum), which the next call adds back. One rank: nothing changes.
   WorkPtr allreduce_int8(float* buf, size_t count, ReduceOp op, float* residual, Callback done = nullptr,
                          StartAfter start_after = nullptr);
+  // The same collective on values this rank has encoded already (on its device: csrc/torch/int8_codec.cpp):
+  // `blocks` holds int8_wire_bytes(count) bytes, the encoded values plus their residual, and ends holding the
+  // encoded result. `owned_error` (null, or int8_segment(count, rank, size).count floats): the residual of the
+  // values this rank owns, to which the error of their sums' encoding is added. Same frames as allreduce_int8's,
+  // so ranks may mix the two.
+  WorkPtr allreduce_int8_blocks(char* blocks, size_t count, ReduceOp op, float* owned_error, Callback done = nullptr,
+                                StartAfter start_after = nullptr);
   // Point-to-point work is posted as soon as the progress thread sees it: its buffers must be ready.
   WorkPtr send(const void* buf, size_t count, DataType dtype, int peer, uint64_t tag, Callback done = nullptr);
   // peer may be kAnySource; Work::source() then tells who sent it.
@@ -104,10 +112,9 @@ class Communicator {
 
  private:
 
-  // How a collective's payloads travel (codec.h): their type and, for an 8-bit allreduce, its error feedback.
+  // How a collective's payloads travel (codec.h).
   struct Wire {
     WireType type = WireType::kExact;
-    float* residual = nullptr;
   };
   // What MCCL_WIRE_DTYPE gives a collective: float32 reductions travel in it, everything else exact.
   Wire wire_of_setting(CollectiveKind kind, DataType dtype) const;
@@ -117,6 +124,7 @@ class Communicator {
   void check_usable() const;
   void throw_if_unusable() const;  // check_usable() with mu_ held
   void check_reduction(DataType dtype, ReduceOp op, const char* what) const;
+  void check_int8(ReduceOp op) const;
   void check_rank(int rank, const char* role, const char* what) const;
   int ranks_on_this_host() const;
   void run();

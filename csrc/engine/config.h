@@ -17,7 +17,7 @@
 namespace mccl {
 
 // A collective's algorithm (algorithms/select.h); the numbers travel in the handshake (MCCL_ALGO).
-enum class AlgoChoice : uint8_t { kAuto = 0, kRing = 1, kRecursiveDoubling = 2, kTree = 3, kBruck = 4, kReduceOnce = 5 };
+enum class AlgoChoice : uint8_t { kAuto = 0, kRing = 1, kRecursiveDoubling = 2, kTree = 3, kBruck = 4 };
 
 // MCCL_REDUCE_THREADS' maximum: the reduction pool (reduce_pool.cc) splits one piece's work into at most
 // this many parts, the calling thread's and those of kMaxReduceThreads - 1 workers.

@@ -1,6 +1,7 @@
 #include "int8_blocks.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -15,7 +16,8 @@ namespace {
 constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
 constexpr int32_t kInfBits = 0x7F800000;
 constexpr float kMinScaled = 0x1.0p-100f;  // blocks whose largest magnitude is below this travel as zeros
-constexpr float kToNearest = 12582912.0f;  // 1.5 * 2^23: x + it - it rounds |x| < 2^22 to nearest even
+constexpr uint32_t kScaleStep = 0x80u;     // one unit in the last of a scale's 17 significant bits
+constexpr float kMaxScale = 0x1.041p+121f;  // the largest 17-bit float s whose 126 s is finite
 constexpr size_t kScaleBytes = sizeof(float);
 
 // The largest finite magnitude of a block, as bits: non-negative floats order as their bits do, and an
@@ -30,11 +32,17 @@ MCCL_TARGET_CLONES int32_t max_finite_bits(const float* __restrict x, size_t n) 
   return best;
 }
 
-// s: the largest magnitude over 126, rounded up to 17 significant bits (int8_blocks.h says why).
+// s: the smallest float with 17 significant bits that is at least largest / 126 (int8_blocks.h says why). The
+// quotient rounded up to 17 bits is within one step of it, and 126 * s is exact (6 + 17 bits), so the
+// comparisons decide it exactly, whatever rounding the candidate came from. Past kMaxScale, the largest
+// magnitudes still round to code 126 (|x| / s < 126 (1 + 2^-16)), and 126 s stays finite.
 float scale_of(float largest) {
   if (!(largest >= kMinScaled)) return 0.0f;
-  const uint32_t bits = f32_bits(largest / 126.0f);
-  return bits_f32((bits + 0x7Fu) & ~0x7Fu);
+  const uint32_t candidate = (f32_bits(largest / 126.0f) + kScaleStep - 1) & ~(kScaleStep - 1);
+  float s = bits_f32(candidate + kScaleStep);
+  if (bits_f32(candidate - kScaleStep) * 126.0f >= largest) s = bits_f32(candidate - kScaleStep);
+  else if (bits_f32(candidate) * 126.0f >= largest) s = bits_f32(candidate);
+  return std::min(s, kMaxScale);
 }
 
 // Selects on bits only (float_bits.h), so that the loops vectorise. Every finite |x| * inverse is at most
@@ -44,7 +52,7 @@ MCCL_TARGET_CLONES void encode_codes(int8_t* __restrict codes, const float* __re
     const uint32_t bits = f32_bits(x[i]);
     const int32_t a = static_cast<int32_t>(bits & kAbsMask);
     const float finite = bits_f32(select_bits(a < kInfBits, bits, 0u));
-    int32_t code = static_cast<int32_t>((finite * inverse + kToNearest) - kToNearest);
+    int32_t code = static_cast<int32_t>(std::nearbyint(finite * inverse));
     code = code < -126 ? -126 : code;
     code = code > 126 ? 126 : code;
     const uint32_t infinity = bits >> 31 ? uint32_t(-127) : 127u;
@@ -85,6 +93,14 @@ void decode_run(float* dst, const char* wire, size_t count) {
 }
 
 }  // namespace
+
+ValueRange int8_segment(size_t count, int part, int parts) {
+  const size_t blocks = (count + kInt8Block - 1) / kInt8Block, k = static_cast<size_t>(part);
+  const size_t base = blocks / parts, extra = blocks % parts;
+  const size_t first = (k * base + std::min(k, extra)) * kInt8Block;
+  const size_t last = std::min(count, first + (base + (k < extra)) * kInt8Block);
+  return {std::min(first, count), last > first ? last - first : 0};
+}
 
 void int8_encode(char* wire, const float* src, size_t count, size_t max_parts) {
   run_parts(count, kSplitConversionsFrom, kInt8Block, max_parts, [&](size_t begin, size_t n) {

@@ -33,7 +33,6 @@ struct PendingCollective {
   WorkPtr work;
   std::function<void()> ready;  // runs on the progress thread right before it starts (may be empty)
   std::chrono::steady_clock::time_point issued;  // for the traffic counters' time in flight (stats.h)
-  float* residual = nullptr;  // an 8-bit allreduce's error feedback (Communicator::allreduce_int8), or null
 };
 
 class IssueOrder;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <functional>
 
 #include "errors.hpp"
 #include "process_group_mccl.hpp"
@@ -10,17 +11,18 @@
 namespace lightning_mccl {
 
 // Queues one engine operation for a WorkMCCL. When it ends, the completion pool copies staged outputs
-// back to their devices and completes the Work's future; unstaged work completes its future lazily.
+// back to their devices, runs `finish`, and completes the Work's future; other work completes its future lazily.
 template <typename Start>
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::launch(c10d::OpType type, std::vector<at::Tensor> outputs,
-                                                        Staging staging, Start&& start) {
+                                                        Staging staging, Start&& start, std::function<void()> finish) {
   auto work = c10::make_intrusive<WorkMCCL>(type, std::move(outputs));
   WorkMCCL* raw = work.get();
   c10::raw::intrusive_ptr::incref(raw);  // the engine callback owns one reference until it runs
-  if (std::any_of(staging->begin(), staging->end(), [](const Staged& s) { return s.copy_back; })) {
+  if (finish || std::any_of(staging->begin(), staging->end(), [](const Staged& s) { return s.copy_back; })) {
     work->set_staged(
-        [staging] {
+        [staging, finish = std::move(finish)] {
           for (const auto& s : *staging) unstage(s);
+          if (finish) finish();
         },
         completion_stream(staging));
   }

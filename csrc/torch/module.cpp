@@ -12,13 +12,15 @@
 #include <pybind11/stl.h>
 
 #include "clock.h"
+#include "codec.h"
 #include "config.h"
-#include "dtype.h"
 #include "netif.h"
 #include "reduce.h"
 #include "errors.hpp"
 #include "host_buffers.hpp"
 #include "host_memory.hpp"
+#include "int8_blocks.h"
+#include "int8_codec.hpp"
 #include "mps_memory.hpp"
 #include "process_group_mccl.hpp"
 
@@ -81,31 +83,43 @@ pybind11::list timeline_list(const lightning_mccl::ProcessGroupMCCL& pg) {
   return out;
 }
 
-// dst = dst OP src on contiguous CPU tensors with the engine's CPU reducer: the reference the Metal
-// self-test and benchmarks/metal_reduce.py compare against (lightning_mccl/metal).
-void reduce_into(at::Tensor& dst, const at::Tensor& src, const std::string& op) {
-  static const std::pair<const char*, mccl::ReduceOp> kOps[] = {
-      {"sum", mccl::ReduceOp::kSum}, {"avg", mccl::ReduceOp::kSum}, {"product", mccl::ReduceOp::kProduct},
-      {"min", mccl::ReduceOp::kMin}, {"max", mccl::ReduceOp::kMax}};
-  const mccl::ReduceOp* code = nullptr;
-  for (const auto& [name, value] : kOps)
-    if (op == name) code = &value;
-  TORCH_CHECK(code != nullptr, "reduce_into: unknown op '", op, "' (sum, avg, product, min, max)");
-  mccl::DataType dtype;
-  switch (dst.scalar_type()) {
-    case at::kFloat: dtype = mccl::DataType::kFloat32; break;
-    case at::kDouble: dtype = mccl::DataType::kFloat64; break;
-    case at::kHalf: dtype = mccl::DataType::kFloat16; break;
-    case at::kBFloat16: dtype = mccl::DataType::kBFloat16; break;
-    default: TORCH_CHECK(false, "reduce_into: dtype ", dst.scalar_type(), " is not a floating type");
-  }
-  TORCH_CHECK(dst.device().is_cpu() && src.device().is_cpu() && dst.is_contiguous() && src.is_contiguous() &&
-                  dst.scalar_type() == src.scalar_type() && dst.numel() == src.numel(),
-              "reduce_into: dst and src must be contiguous CPU tensors of one dtype and size, got ",
-              dst.sizes(), " ", dst.scalar_type(), " on ", dst.device(), " and ", src.sizes(), " ",
-              src.scalar_type(), " on ", src.device());
+// The 8-bit format's two encoders and decoders, for tests/torch/test_int8_codec.py and benchmarks/int8_paths.py:
+// the engine's (CPU tensors; its codec, with error feedback as the 8-bit allreduce uses it) or torch ops on the
+// tensor's device (int8_codec.hpp). The wire form is a uint8 tensor of int8_wire_bytes(count) bytes.
+at::Tensor int8_encode(const at::Tensor& values, const std::optional<at::Tensor>& residual, bool engine) {
+  TORCH_CHECK(values.scalar_type() == at::kFloat && values.is_contiguous() &&
+                  (!residual || (residual->scalar_type() == at::kFloat && residual->is_contiguous() &&
+                                 residual->numel() == values.numel() && residual->device() == values.device())),
+              "int8_encode: contiguous float32 values, and a residual like them");
+  const at::Tensor kept = residual.value_or(at::Tensor());
+  if (!engine) return lightning_mccl::int8_wire_view(lightning_mccl::int8_encode_blocks(values, kept), values.numel());
+  TORCH_CHECK(values.device().is_cpu(), "int8_encode: the engine encodes CPU tensors");
+  const size_t count = static_cast<size_t>(values.numel());
+  at::Tensor wire = at::empty({static_cast<int64_t>(mccl::int8_wire_bytes(count))}, values.options().dtype(at::kByte));
   pybind11::gil_scoped_release release;
-  mccl::reduce_into(dst.data_ptr(), src.data_ptr(), size_t(dst.numel()), dtype, *code);
+  mccl::Codec::make(mccl::WireType::kInt8Blocks, mccl::DataType::kFloat32, mccl::ReduceOp::kSum, 1, 1)
+      ->encode(reinterpret_cast<char*>(wire.data_ptr()), values.data_ptr(), count,
+               kept.defined() ? kept.data_ptr<float>() : nullptr);
+  return wire;
+}
+
+at::Tensor int8_decode(const at::Tensor& wire, int64_t count, bool engine) {
+  TORCH_CHECK(wire.scalar_type() == at::kByte && wire.is_contiguous() &&
+                  wire.numel() == static_cast<int64_t>(mccl::int8_wire_bytes(static_cast<size_t>(count))),
+              "int8_decode: ", mccl::int8_wire_bytes(static_cast<size_t>(count)), " contiguous uint8 for ", count,
+              " values");
+  at::Tensor out = at::empty({count}, wire.options().dtype(at::kFloat));
+  if (!engine) {
+    const int64_t rows = (count + mccl::kInt8Block - 1) / mccl::kInt8Block;
+    at::Tensor blocks = at::empty({rows, 4 + static_cast<int64_t>(mccl::kInt8Block)}, wire.options());  // padding: unread
+    blocks.view(-1).narrow(0, 0, wire.numel()).copy_(wire);
+    lightning_mccl::int8_decode_blocks(blocks, out);
+    return out;
+  }
+  TORCH_CHECK(wire.device().is_cpu(), "int8_decode: the engine decodes CPU tensors");
+  pybind11::gil_scoped_release release;
+  mccl::int8_decode(out.data_ptr<float>(), reinterpret_cast<const char*>(wire.data_ptr()), static_cast<size_t>(count), 1);
+  return out;
 }
 
 }  // namespace
@@ -134,10 +148,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(
           "allreduce_int8",
           [](lightning_mccl::ProcessGroupMCCL& pg, at::Tensor& tensor, const std::optional<at::Tensor>& residual,
-             const c10d::ReduceOp& op) { return pg.allreduce_int8(tensor, residual.value_or(at::Tensor()), op); },
-          pybind11::arg("tensor"), pybind11::arg("residual"), pybind11::arg("op"),
+             const c10d::ReduceOp& op, bool on_device) {
+            return pg.allreduce_int8(tensor, residual.value_or(at::Tensor()), op, on_device);
+          },
+          pybind11::arg("tensor"), pybind11::arg("residual"), pybind11::arg("op"), pybind11::arg("on_device"),
           pybind11::call_guard<pybind11::gil_scoped_release>(),
-          "the 8-bit allreduce with error feedback (lightning_mccl.int8): a Work whose future holds [tensor]")
+          "the 8-bit allreduce with error feedback (lightning_mccl.int8): a Work whose future holds [tensor]; "
+          "on_device: the per-value work in torch ops on the tensor's device, else in the engine")
       .def("stats", &stats_dict, "this group's traffic counters (engine stats.h), as a dict")
       .def("timeline", &timeline_list,
            "this group's latest collectives with their issue, start, ready and done times (engine timeline.h), "
@@ -164,8 +181,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("clock_ns", &mccl::steady_now_ns, "now in the engine's steady clock, the clock of timeline() and stats()");
   m.def("interfaces", &mccl::list_interfaces,
         "(interface name, address) pairs of this machine, from getifaddrs()");
-  m.def("reduce_into", &reduce_into, pybind11::arg("dst"), pybind11::arg("src"), pybind11::arg("op"),
-        "dst = dst OP src with the engine's CPU reducer (float tensors on the CPU)");
+  m.def("int8_encode", &int8_encode, pybind11::arg("values"), pybind11::arg("residual") = std::nullopt,
+        pybind11::arg("engine") = false,
+        "the 8-bit wire form of float32 values (uint8), by the engine (CPU) or torch ops on their device; with a "
+        "residual, error feedback: values + residual are encoded and the residual left holding the error");
+  m.def("int8_decode", &int8_decode, pybind11::arg("wire"), pybind11::arg("count"), pybind11::arg("engine") = false,
+        "the float32 values of an 8-bit wire form, by the engine (CPU) or torch ops on its device");
   m.def("reduce_vector_path", &mccl::reduce_vector_path,
         "the vector instructions the engine's CPU reducer uses in this process (for mccl doctor)");
   m.def(

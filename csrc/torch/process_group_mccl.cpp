@@ -76,35 +76,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce(std::vector<at::Tenso
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::allreduce_int8(at::Tensor& tensor, const at::Tensor& residual,
-                                                                const c10d::ReduceOp& op) {
-  const char* name = "allreduce_int8";
-  check_dense(tensor, name, rank_);
-  MCCL_TORCH_CHECK(tensor.scalar_type() == at::kFloat, "rank ", rank_, ": ", name, " takes float32 tensors, got ",
-                   dtype_name(tensor));
-  MCCL_TORCH_CHECK(op.op_ == c10d::ReduceOp::SUM || op.op_ == c10d::ReduceOp::AVG, "rank ", rank_, ": ", name,
-                   " sums or averages (ReduceOp.SUM, ReduceOp.AVG)");
-  auto staging = std::make_shared<std::vector<Staged>>();
-  staging->push_back(stage(tensor, Access::kReadWrite, name, rank_));
-  float* kept = nullptr;
-  if (residual.defined()) {
-    MCCL_TORCH_CHECK(residual.device().is_cpu() && residual.scalar_type() == at::kFloat && residual.is_contiguous() &&
-                         residual.numel() == tensor.numel(),
-                     "rank ", rank_, ": ", name, "'s residual must be a contiguous float32 CPU tensor of ",
-                     tensor.numel(), " elements, got ", residual.numel(), " of ", dtype_name(residual), " on ",
-                     residual.device());
-    staging->push_back(stage(residual, Access::kReadWrite, name, rank_));  // in place; held until the end
-    kept = residual.data_ptr<float>();
-  }
-  float* data = reinterpret_cast<float*>(ptr((*staging)[0]));
-  const mccl::ReduceOp reduce = op.op_ == c10d::ReduceOp::AVG ? mccl::ReduceOp::kAvg : mccl::ReduceOp::kSum;
-  const size_t count = static_cast<size_t>(tensor.numel());
-  std::vector<at::Tensor> outputs{tensor};
-  return launch(c10d::OpType::ALLREDUCE, outputs, staging, [&](mccl::Callback done, StartAfter after) {
-    return comm_->allreduce_int8(data, count, reduce, kept, std::move(done), std::move(after));
-  });
-}
-
 c10::intrusive_ptr<c10d::Work> ProcessGroupMCCL::reduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::ReduceOptions& opts) {
   check_one(tensors, "reduce", rank_);

@@ -5,7 +5,8 @@
 // returns a WorkMCCL (work_mccl.hpp) whose Future holds the output tensors. The operations live in
 // files named for what they hold: process_group_mccl.cpp (the group, broadcast, allreduce, reduce,
 // barrier, point-to-point), gather_scatter.cpp (allgather, reduce-scatter, all-to-all, gather,
-// scatter), coalesced.cpp (the coalesced variants); launch.hpp queues them on the engine.
+// scatter), coalesced.cpp (the coalesced variants), int8_allreduce.cpp (the 8-bit allreduce); launch.hpp
+// queues them on the engine.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -93,17 +94,21 @@ class ProcessGroupMCCL : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
-  // The 8-bit allreduce with error feedback (mccl::Communicator::allreduce_int8, docs/int8.md): `tensor` float32
-  // on any device (staged or in place like every collective), `residual` an undefined tensor or a contiguous
-  // float32 CPU tensor of as many elements, kept by the caller between calls; `op` SUM or AVG.
+  // The 8-bit allreduce with error feedback (docs/int8.md): `tensor` float32 on any device, `op` SUM or AVG,
+  // `residual` an undefined tensor or a contiguous float32 tensor of as many elements, kept by the caller between
+  // calls, where the per-value work runs. `on_device`: this rank's per-value work (the residual, encoding,
+  // decoding) runs in torch ops on the tensor's device (int8_codec.hpp), which hands the engine the encoded
+  // values (Communicator::allreduce_int8_blocks); else the engine does it (Communicator::allreduce_int8) on the
+  // tensor staged as float32, and the residual is a CPU tensor.
   c10::intrusive_ptr<c10d::Work> allreduce_int8(at::Tensor& tensor, const at::Tensor& residual,
-                                                const c10d::ReduceOp& op);
+                                                const c10d::ReduceOp& op, bool on_device);
 
  private:
-  // Queues one engine operation (`start(done, start_after)`) for a new WorkMCCL (launch.hpp).
+  // Queues one engine operation (`start(done, start_after)`) for a new WorkMCCL (launch.hpp). `finish` (may be
+  // empty): runs on the completion pool after the staged outputs are copied back, on their stream.
   template <typename Start>
   c10::intrusive_ptr<c10d::Work> launch(c10d::OpType type, std::vector<at::Tensor> outputs, Staging staging,
-                                        Start&& start);
+                                        Start&& start, std::function<void()> finish = nullptr);
 
   std::unique_ptr<mccl::Communicator> comm_;
 };

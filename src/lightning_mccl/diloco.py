@@ -82,7 +82,8 @@ class _Sum:
 
 class Int8Mean:
     """The mean over `group`'s ranks by the engine's 8-bit allreduce (lightning_mccl.int8), with error feedback: a
-    residual kept on the CPU for the vector it is given, carried from one round to the next (and in checkpoints)."""
+    residual kept on the vector's device (where its per-value work runs), carried from one round to the next (and
+    in checkpoints)."""
 
     def __init__(self, group: Optional[Any] = None) -> None:
         from .int8 import ErrorFeedback

@@ -2,7 +2,9 @@
 // the format's bound on several world sizes, uneven and not a multiple of the block, every rank holding the same
 // bits; error feedback whose residuals are each rank's real quantisation error, so that their sum, and the error
 // of the results summed over many steps, stay bounded; NaN and Inf that come out as themselves and do not stick
-// in the residual; bad input and a rank that calls the plain allreduce meanwhile named.
+// in the residual; the entry for values encoded already (a device's) equal to the float32 one, bit for bit, in
+// results and residuals, also when ranks mix them; bad input and a rank that calls the plain allreduce meanwhile
+// named.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -182,6 +184,55 @@ TEST(nan_and_inf_come_out_as_themselves_and_do_not_stick_in_the_residual) {
       CHECK_MSG(std::isfinite(residuals[r][i]), "rank %d i %zu: residual %g", r, i, residuals[r][i]);
     }
   }
+}
+
+// What the torch binding does on a device (csrc/torch/int8_codec.cpp), with the engine's conversions: the values
+// plus their residual encoded, the residual left holding that encoding's error, the encoded collective (the
+// residual's owned part given to it), the result decoded.
+static void allreduce_encoded(Communicator& comm, float* buf, size_t count, ReduceOp op, float* residual) {
+  std::vector<float> y(count), back(count);
+  for (size_t i = 0; i < count; ++i) y[i] = buf[i] + residual[i];
+  std::vector<char> blocks(int8_wire_bytes(count));
+  int8_encode(blocks.data(), y.data(), count, 1);
+  int8_decode(back.data(), blocks.data(), count, 1);
+  for (size_t i = 0; i < count; ++i) residual[i] = std::isfinite(y[i]) ? y[i] - back[i] : 0.0f;
+  const ValueRange own = int8_segment(count, comm.rank(), comm.size());
+  comm.allreduce_int8_blocks(blocks.data(), count, op, residual + own.first)->wait();
+  int8_decode(buf, blocks.data(), count, 1);
+}
+
+TEST(encoded_values_give_the_same_bits_as_float32_ones_and_ranks_may_mix_them) {
+  const int world = 3, steps = 3;
+  const size_t count = mccl_test::sized(40007, 9007);
+  // Which ranks encode their values themselves: none, all, rank 1 only.
+  const std::vector<std::vector<bool>> modes = {{false, false, false}, {true, true, true}, {false, true, false}};
+  std::vector<Results> results(modes.size()), residuals(modes.size());
+  for (size_t m = 0; m < modes.size(); ++m) {
+    results[m].of_rank.resize(world), residuals[m].of_rank.resize(world);
+    auto errors = run_world(world, [&](int rank, Communicator& comm) {
+      std::vector<float> buf(count), residual(count, 0.0f);
+      for (int s = 0; s < steps; ++s) {
+        for (size_t i = 0; i < count; ++i) buf[i] = input(rank, i) * (s + 1);
+        if (rank == 2) buf[77] = std::numeric_limits<float>::infinity();
+        const ReduceOp op = s % 2 ? ReduceOp::kSum : ReduceOp::kAvg;
+        if (modes[m][rank]) allreduce_encoded(comm, buf.data(), count, op, residual.data());
+        else comm.allreduce_int8(buf.data(), count, op, residual.data())->wait();
+      }
+      std::lock_guard<std::mutex> lock(results[m].mu);
+      results[m].of_rank[rank] = buf;
+      residuals[m].of_rank[rank] = residual;
+    }, std::chrono::seconds(60), with_chunk(4096));
+    for (int r = 0; r < world; ++r) CHECK_MSG(errors[r].empty(), "mode %zu rank %d: %s", m, r, errors[r].c_str());
+  }
+  for (size_t m = 0; m < modes.size(); ++m) {
+    for (int r = 0; r < world; ++r) {
+      CHECK_MSG(std::memcmp(results[m].of_rank[r].data(), results[0].of_rank[0].data(), count * sizeof(float)) == 0,
+                "mode %zu rank %d: the results differ from the float32 entry's", m, r);
+      CHECK_MSG(std::memcmp(residuals[m].of_rank[r].data(), residuals[0].of_rank[r].data(), count * sizeof(float)) == 0,
+                "mode %zu rank %d: the residuals differ from the float32 entry's", m, r);
+    }
+  }
+  CHECK(results[0].of_rank[0][77] == std::numeric_limits<float>::infinity());
 }
 
 TEST(an_op_that_does_not_sum_is_an_error_naming_it) {

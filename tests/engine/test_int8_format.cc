@@ -1,7 +1,10 @@
-// The 8-bit wire format (int8_blocks.h) on its own: every finite value within s/2 of what it decodes to, the
-// scale rounded so that a decoded block encodes to the same bytes, NaN and Inf that no scale hides, blocks
-// too small to scale, short last blocks, and the split over the reduction pool equal to one thread.
+// The 8-bit wire format (int8_blocks.h) on its own: the scale exactly the smallest 17-bit float at least M / 126
+// (what the device encoder computes too), every finite value within s/2 of what it decodes to, a decoded block
+// that encodes to the same bytes, NaN and Inf that no scale hides, blocks too small to scale, short last blocks,
+// the split over the reduction pool equal to one thread, and the 8-bit allreduce's segments of whole blocks.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -57,6 +60,48 @@ TEST(wire_size_is_one_scale_per_block) {
   CHECK(int8_wire_bytes(1) == 5);
   CHECK(int8_wire_bytes(kInt8Block) == kInt8Block + 4);
   CHECK(int8_wire_bytes(kInt8Block + 1) == kInt8Block + 1 + 8);
+}
+
+// The largest scale: 17 significant bits, 126 times it finite, 126 times the next one not.
+constexpr float kMaxScale = 0x1.041p+121f;
+
+// Where a rounded quotient and the exact one part: M = 126 g exactly for a 17-bit g (s = g), and M one float
+// either side of it; the largest and smallest magnitudes that are scaled; and many values in between.
+TEST(the_scale_is_the_smallest_17_bit_float_at_least_the_largest_over_126) {
+  uint32_t max_bits;
+  std::memcpy(&max_bits, &kMaxScale, sizeof max_bits);
+  const uint32_t next_bits = max_bits + 0x80;
+  float next;
+  std::memcpy(&next, &next_bits, sizeof next);
+  CHECK((max_bits & 0x7F) == 0 && std::isfinite(kMaxScale * 126.0f) && std::isinf(next * 126.0f));
+  std::vector<float> largest = {0x1.0p-100f, std::numeric_limits<float>::max(), 1.0f, 126.0f, 3.0e-20f};
+  for (uint32_t k = 0; k < 3000; ++k) {
+    const uint32_t significand = 65536 + (k * 2654435761u) % 65536;  // 17 bits
+    const float m = std::ldexp(static_cast<float>(significand), static_cast<int>(k % 200) - 110) * 126.0f;  // exact
+    largest.insert(largest.end(), {m, std::nextafter(m, 0.0f), std::nextafter(m, 1e38f)});
+    largest.push_back(std::ldexp(std::fabs(input(8, k)) + 0.5f, static_cast<int>(k % 220) - 99));
+  }
+  for (float m : largest) {
+    if (m < 0x1.0p-100f) continue;  // zeros (zero_and_tiny_blocks_travel_as_zeros)
+    std::vector<float> x(kInt8Block, 0.0f);
+    x[17] = -m;
+    float s;
+    std::memcpy(&s, encoded(x).data(), sizeof s);
+    const float back = decoded(encoded(x), x.size())[17];
+    CHECK_MSG(std::fabs(double(back) + m) <= double(s) / 2, "M %a decodes to %a (scale %a)", m, back, s);
+    uint32_t bits;
+    std::memcpy(&bits, &s, sizeof bits);
+    float below;
+    const uint32_t below_bits = bits - 0x80;  // one step less in the 17th significant bit
+    std::memcpy(&below, &below_bits, sizeof below);
+    CHECK_MSG((bits & 0x7F) == 0, "M %a: scale %a has more than 17 significant bits", m, s);
+    if (double(m) / 126 > double(kMaxScale)) {  // 126 s must stay finite
+      CHECK_MSG(s == kMaxScale, "M %a: scale %a, expected the largest, %a", m, s, kMaxScale);
+      continue;
+    }
+    CHECK_MSG(double(s) * 126 >= double(m) && double(below) * 126 < double(m), "M %a: scale %a is not the least "
+              "17-bit float at least M / 126", m, s);
+  }
 }
 
 TEST(every_value_is_within_half_a_step_of_its_code) {
@@ -132,6 +177,27 @@ TEST(conversions_split_over_threads_equal_one_thread) {
   std::vector<float> rounded = x;
   int8_round(rounded.data(), count, 0);
   CHECK(std::memcmp(rounded.data(), back_one.data(), count * sizeof(float)) == 0);
+}
+
+// The 8-bit allreduce's segments: whole blocks, in order, covering the values, as even as whole blocks allow.
+TEST(segments_are_whole_blocks_in_order) {
+  for (size_t count : {size_t(0), size_t(1), size_t(255), size_t(257), size_t(3000), size_t(40007)}) {
+    for (int parts : {1, 2, 3, 8, 24}) {
+      size_t next = 0, most = 0, least = SIZE_MAX;
+      for (int k = 0; k < parts; ++k) {
+        const ValueRange r = int8_segment(count, k, parts);
+        CHECK_MSG(r.first == next && (r.first % kInt8Block == 0 || r.first == count), "count %zu parts %d: segment %d starts at %zu",
+                  count, parts, k, r.first);
+        CHECK_MSG(r.count % kInt8Block == 0 || r.first + r.count == count, "count %zu parts %d: segment %d",
+                  count, parts, k);
+        next = r.first + r.count;
+        const size_t blocks = (r.count + kInt8Block - 1) / kInt8Block;
+        most = std::max(most, blocks), least = std::min(least, blocks);
+      }
+      CHECK_MSG(next == count && most - least <= 1, "count %zu parts %d: ends at %zu, blocks %zu..%zu", count, parts,
+                next, least, most);
+    }
+  }
 }
 
 MCCL_TEST_MAIN

@@ -218,11 +218,11 @@ def test_int8_pseudo_gradients_take_a_quarter_of_the_bytes_with_error_feedback_a
     every, _, lr, mu, _, steps, _ = CONFIGS["int8"]
     int8, fp32 = ranks[0]["int8"], ranks[0]["fp32_twin"]
     assert int8["allreduces"] == fp32["allreduces"] == steps // every
-    # Rank 0's bytes, exactly: the 14 values (a, b, stat) in segments of 5, 5 and 4, one per owner; rank 0 sends
-    # segments 1 and 2 to their owners and its finished segment 0 to both others, each as 1 byte a value and a
-    # 4-byte scale (one block). Float32's ring sends 4 bytes a value.
+    # Rank 0's bytes, exactly: the 14 values (a, b, stat) are one block, and segments are whole blocks, so rank 0
+    # owns them all: it sends no contribution and the finished block to both others, 1 byte a value and a 4-byte
+    # scale. Float32's ring sends 4 bytes a value.
     wire = lambda values: values + 4  # noqa: E731
-    assert int8["bytes"] == (steps // every) * (wire(5) + wire(4) + 2 * wire(5)), (int8["bytes"], fp32["bytes"])
+    assert int8["bytes"] == (steps // every) * 2 * wire(14), (int8["bytes"], fp32["bytes"])
     for r in range(WORLD):
         assert np.array_equal(ranks[r]["int8"]["anchors"], int8["anchors"])
         residuals = ranks[r]["int8"]["residual"]

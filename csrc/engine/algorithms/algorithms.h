@@ -36,8 +36,14 @@ std::vector<Segment> even_segments(char* data, size_t count, size_t element_size
 void allreduce(Collective& c, void* buf, size_t count);
 void allreduce_ring(Collective& c, void* buf, size_t count);
 void allreduce_recursive_doubling(Collective& c, void* buf, size_t count);
-// --- reduce_once.cc: every segment reduced once, at its owner ---------------------------------------
-void allreduce_reduce_once(Collective& c, void* buf, size_t count);
+// --- reduce_once.cc: the 8-bit allreduce, every segment reduced once, at its owner ------------------------
+// `blocks`: int8_wire_bytes(count) bytes, this rank's values encoded (int8_blocks.h); on return the encoded
+// result. `owned_error`: null, or error feedback for the values this rank owns (int8_segment(count, rank,
+// size)), one float each: the error of their encoding at the owner is added to it.
+void allreduce_int8_blocks(Collective& c, char* blocks, size_t count, float* owned_error);
+// The same on float32 values: encoded with `residual` (null, or `count` floats: Codec::encode's error
+// feedback), the exchange (its owned part the owned_error), decoded into `buf`. One rank: untouched.
+void allreduce_int8_values(Collective& c, float* buf, size_t count, float* residual);
 
 // --- rooted.cc: one rank is the source or the destination ---------------------------------------
 void broadcast(Collective& c, void* buf, size_t count, int root);

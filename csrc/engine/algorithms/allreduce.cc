@@ -12,13 +12,12 @@ constexpr uint32_t kUnfoldStep = 0xFFFF;  // header step of the unfold message, 
 }  // namespace
 
 // Recursive doubling sends the whole buffer log2(n) times but takes only log2(n) steps; the ring sends
-// 2(n-1)/n of it in 2(n-1) steps. select.cc holds where one overtakes the other, and sends the 8-bit
-// allreduce to the reduce-once exchange (reduce_once.cc).
+// 2(n-1)/n of it in 2(n-1) steps. select.cc holds where one overtakes the other. (The 8-bit allreduce has its
+// own algorithm, reduce_once.cc.)
 void allreduce(Collective& c, void* buf, size_t count) {
   const size_t bytes = count * dtype_size(c.dtype());
-  switch (select_algorithm(c.config(), CollectiveKind::kAllreduce, c.size(), bytes, count, c.wire_type())) {
+  switch (select_algorithm(c.config(), CollectiveKind::kAllreduce, c.size(), bytes, count)) {
     case AlgoChoice::kRing: return allreduce_ring(c, buf, count);
-    case AlgoChoice::kReduceOnce: return allreduce_reduce_once(c, buf, count);
     default: return allreduce_recursive_doubling(c, buf, count);
   }
 }

@@ -1,13 +1,17 @@
-// Allreduce by direct exchange, reduced once: the 8-bit allreduce's algorithm (docs/int8.md).
+// The 8-bit allreduce (docs/int8.md): a direct exchange of encoded values, each segment reduced once, at its
+// owner.
 //
-// The buffer is split into n segments, rank k owning segment k, and every segment into pieces of
-// MCCL_CHUNK_BYTES on the wire. Each rank sends piece p of every other segment straight to its owner (its
-// contribution, encoded once); the owner adds the n-1 contributions to its own values in float32, in a fixed
-// order (so the result does not depend on arrival times), and sends the finished piece, encoded once, straight
-// to every other rank, which decodes it into place. So every value is encoded once by each contributor and
-// once by its owner, whatever n: the error of an 8-bit format does not grow with the number of hops, as it
-// does in the ring, where each partial sum is encoded again at every hop. Each rank sends (n-1)/n of the
-// buffer twice, as in the ring.
+// Its buffer holds this rank's values encoded (int8_blocks.h), its contribution, and ends holding the encoded
+// result. The blocks are split into n segments (int8_segment: whole blocks), rank k owning segment k, and every
+// segment into pieces of whole blocks, about MCCL_CHUNK_BYTES on the wire. Each rank sends piece p of every other
+// segment straight to its owner, as it is; the owner decodes its own values of the piece and the n-1
+// contributions, adds them in float32 in a fixed order (its own, then peers r+1, r+2, ...: the result does not
+// depend on arrival times), divides for AVG, encodes the sum once, into its buffer, and sends that straight to
+// every other rank, which receives it into its buffer as it is. So every value is encoded once by each
+// contributor and once by its owner, whatever n: the error of the 8-bit format does not grow with the number of
+// hops, as it does in a ring, where each partial sum is encoded again at every hop. Each rank sends (n-1)/n of
+// the buffer twice, as in the ring. The finished piece lands where this rank's contribution to it was sent from:
+// the owner finishes it only once that contribution has arrived whole, so the send has left that memory.
 //
 // Pieces pipeline in rounds. Round p: a rank sends its contributions to piece p of every segment, to peers
 // r+1, r+2, ... (so that ranks send to different peers at any moment), and finishes piece p of its own
@@ -16,8 +20,13 @@
 // contributions, then, round by round, the contributions of round p + kRoundsAhead and the finished piece p.
 // Receives are posted in that same order (frames from one peer match receives in posting order), `window`
 // rounds ahead, as many as MCCL_RING_LOOKAHEAD_BYTES holds.
+//
+// Float32 values (a CPU tensor's) take the same exchange: encoded whole first, with their error feedback, and
+// decoded whole at the end, so the bytes on the wire and the results do not depend on which ranks encoded on a
+// device (csrc/torch/int8_codec.cpp) and which here.
 #include <algorithm>
 
+#include "../int8_blocks.h"
 #include "algorithms.h"
 
 namespace mccl {
@@ -25,13 +34,18 @@ namespace {
 
 constexpr size_t kRoundsAhead = 2;  // rounds of contributions sent before the first own piece is finished
 constexpr uint32_t kContribution = 0, kFinished = 1;  // header steps of the two kinds of frames
+constexpr size_t kFloat = sizeof(float);
 
 class ReduceOnce {
  public:
-  ReduceOnce(Collective& c, void* buf, size_t count)
-      : c_(c), n_(c.size()), r_(c.rank()),
-        segs_(even_segments(static_cast<char*>(buf), count, dtype_size(c.dtype()), n_)),
-        pieces_{c.piece_bytes()}, own_(segs_[r_]), contributions_(pieces_.count(own_)) {
+  ReduceOnce(Collective& c, char* blocks, size_t count, float* owned_error)
+      : c_(c), n_(c.size()), r_(c.rank()), blocks_(blocks), owned_error_(owned_error), pieces_{c.piece_bytes()} {
+    for (int k = 0; k < n_; ++k) {
+      const ValueRange range = int8_segment(count, k, n_);
+      segs_.push_back(Segment{nullptr, range.count * kFloat, range.first * kFloat});  // float32 bytes, no data
+    }
+    own_ = segs_[r_];
+    contributions_.resize(pieces_.count(own_));
     for (const Segment& seg : segs_) rounds_ = std::max(rounds_, pieces_.count(seg));
     const size_t round_bytes = pieces_.piece * static_cast<size_t>(n_ - 1) * 2;
     window_ = std::max<size_t>(1, c.config().ring_lookahead_bytes / std::max<size_t>(round_bytes, 1));
@@ -52,14 +66,19 @@ class ReduceOnce {
 
  private:
   int peer(int i) const { return (r_ + i) % n_; }  // i = 1 .. n-1
+  // The wire form of piece p of `seg`: where it starts in the buffer, its values, its logical byte offset.
+  char* encoded(const Segment& seg, size_t p) const {
+    return blocks_ + int8_wire_bytes((seg.offset + pieces_.begin(seg, p)) / kFloat);
+  }
+  size_t values(const Segment& seg, size_t p) const { return pieces_.length(seg, p) / kFloat; }
+  uint64_t offset(const Segment& seg, size_t p) const { return seg.offset + pieces_.begin(seg, p); }
 
   // This rank's contributions to piece p of every other segment.
   void contribute(size_t p) {
     for (int i = 1; i < n_; ++i) {
       const Segment& seg = segs_[peer(i)];
       if (p >= pieces_.count(seg)) continue;
-      const size_t at = pieces_.begin(seg, p);
-      sends_.push_back(c_.send(peer(i), seg.data + at, pieces_.length(seg, p), seg.offset + at, kContribution));
+      sends_.push_back(c_.send_encoded(peer(i), encoded(seg, p), values(seg, p), offset(seg, p), kContribution));
     }
   }
 
@@ -70,38 +89,42 @@ class ReduceOnce {
     for (int i = 1; i < n_; ++i) {
       const Segment& seg = segs_[peer(i)];
       if (p >= pieces_.count(seg)) continue;
-      const size_t at = pieces_.begin(seg, p);
       finished_elsewhere_.push_back(
-          c_.recv(peer(i), seg.data + at, pieces_.length(seg, p), seg.offset + at, kFinished));
+          c_.recv_encoded(peer(i), encoded(seg, p), values(seg, p), offset(seg, p), kFinished));
     }
   }
 
   void expect_contributions(size_t p) {
     if (p >= pieces_.count(own_)) return;
-    const size_t at = pieces_.begin(own_, p), len = pieces_.length(own_, p);
     for (int i = 1; i < n_; ++i)
-      contributions_[p].push_back(c_.recv_to_reduce(peer(i), len, own_.offset + at, kContribution));
+      contributions_[p].push_back(c_.recv_to_reduce(peer(i), pieces_.length(own_, p), offset(own_, p), kContribution));
   }
 
-  // Piece p of this rank's own segment: every contribution added, in peer order, the last one finishing it.
+  // Piece p of this rank's own segment: its own values, then every contribution added in peer order, the last
+  // one finishing it into the buffer.
   void finish(size_t p) {
-    const size_t at = pieces_.begin(own_, p), len = pieces_.length(own_, p);
+    const size_t len = pieces_.length(own_, p);
+    float* sum = reinterpret_cast<float*>(c_.scratch(1, len));
+    c_.decode(sum, encoded(own_, p), len / kFloat);
     std::vector<RequestPtr>& received = contributions_[p];
     for (size_t k = 0; k + 1 < received.size(); ++k) {
       c_.wait(received[k]);
-      c_.reduce_received(own_.data + at, received[k], len);
+      c_.reduce_received(sum, received[k], len);
     }
     std::vector<Onward> everyone;
-    for (int i = 1; i < n_; ++i) everyone.push_back({peer(i), own_.offset + at, kFinished});
+    for (int i = 1; i < n_; ++i) everyone.push_back({peer(i), offset(own_, p), kFinished});
+    float* error = owned_error_ ? owned_error_ + pieces_.begin(own_, p) / kFloat : nullptr;
     c_.wait(received.back());
-    c_.reduce_final_and_send(own_.data + at, received.back(), len, everyone, &sends_);
+    c_.reduce_final_into(sum, received.back(), len, encoded(own_, p), error, everyone, &sends_);
   }
 
   Collective& c_;
   const int n_, r_;
-  const std::vector<Segment> segs_;
+  char* const blocks_;
+  float* const owned_error_;
   const Pieces pieces_;
-  const Segment& own_;
+  std::vector<Segment> segs_;  // float32 byte ranges of the values; the data is in blocks_
+  Segment own_;
   size_t rounds_ = 0;  // pieces in the longest segment
   size_t window_ = 1;  // rounds of receives posted ahead
   std::vector<std::vector<RequestPtr>> contributions_;  // per own piece, one per peer in peer order
@@ -110,8 +133,17 @@ class ReduceOnce {
 
 }  // namespace
 
-void allreduce_reduce_once(Collective& c, void* buf, size_t count) {
-  if (c.size() > 1) ReduceOnce(c, buf, count).run();
+void allreduce_int8_blocks(Collective& c, char* blocks, size_t count, float* owned_error) {
+  if (c.size() > 1) ReduceOnce(c, blocks, count, owned_error).run();
+}
+
+void allreduce_int8_values(Collective& c, float* buf, size_t count, float* residual) {
+  if (c.size() == 1) return;  // nothing travels: the values stay exact
+  char* blocks = c.scratch(0, int8_wire_bytes(count));
+  c.encode(blocks, buf, count, residual);
+  const ValueRange own = int8_segment(count, c.rank(), c.size());
+  allreduce_int8_blocks(c, blocks, count, residual ? residual + own.first : nullptr);
+  c.decode(buf, blocks, count);
 }
 
 }  // namespace mccl

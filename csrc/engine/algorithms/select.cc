@@ -96,12 +96,7 @@ size_t latency_max_bytes(const Config& config, CollectiveKind kind, int world) {
   return e ? e->max_bytes : 0;
 }
 
-AlgoChoice select_algorithm(const Config& config, CollectiveKind kind, int world, size_t bytes, size_t count,
-                            WireType wire) {
-  // The 8-bit allreduce reduces once, at each segment's owner, whatever its size and MCCL_ALGO: its error does
-  // not grow with the world size (docs/int8.md), and each rank quantises each value once, which its error
-  // feedback needs.
-  if (kind == CollectiveKind::kAllreduce && wire == WireType::kInt8Blocks) return AlgoChoice::kReduceOnce;
+AlgoChoice select_algorithm(const Config& config, CollectiveKind kind, int world, size_t bytes, size_t count) {
   const Entry* e = entry_for(kind, world);
   if (e == nullptr) return AlgoChoice::kRing;
   if (AlgoChoice f = forced(config, kind); f != AlgoChoice::kAuto) return f;

@@ -19,7 +19,6 @@
 
 #include <cstddef>
 
-#include "../codec.h"
 #include "../config.h"
 #include "../wire.h"
 
@@ -28,9 +27,7 @@ namespace mccl {
 // The algorithm `kind` runs on `world` ranks for a collective of `bytes` (counted as above) and
 // `count` elements per rank. Never kAuto. Only allreduce, broadcast, reduce, allgather and
 // reduce_scatter have a choice; the other kinds get kRing (unused).
-// An allreduce whose payloads travel as `wire` may be held to the algorithm that suits it (the 8-bit one).
-AlgoChoice select_algorithm(const Config& config, CollectiveKind kind, int world, size_t bytes, size_t count,
-                            WireType wire = WireType::kExact);
+AlgoChoice select_algorithm(const Config& config, CollectiveKind kind, int world, size_t bytes, size_t count);
 
 // A 32-bit digest of the forcing and threshold variables of broadcast, reduce, allgather and
 // reduce_scatter, compared when ranks connect (MCCL_ALGO and MCCL_RD_MAX_BYTES travel as themselves);

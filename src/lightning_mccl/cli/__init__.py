@@ -19,11 +19,11 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import doctor, launch, switch
+    from . import doctor, launch, plan, switch
 
     parser = argparse.ArgumentParser(
         prog="mccl", description="Run and check PyTorch training across a fleet of Macs (the mccl backend).")
-    sub = parser.add_subparsers(dest="subcommand", metavar="{launch,doctor,switch}", required=True)
+    sub = parser.add_subparsers(dest="subcommand", metavar="{launch,doctor,switch,plan}", required=True)
     p = sub.add_parser(
         "launch", help="run a command on every rank (one process per host, over ssh; or --local N)",
         description="Run COMMAND as every rank of the fleet, with torchrun's environment variables.",
@@ -43,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=switch.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     switch.add_arguments(p)
     p.set_defaults(run=switch.run, subparser=p)
+    p = sub.add_parser(
+        "plan", help="predict the training step of 1-48 Macs from this machine's compute profile",
+        description="Predict each method's training step (DDP, bf16, int8, PowerSGD, DiLoCo) on fleets of N "
+                    "hosts from a compute profile of the model and the link's rate.",
+        epilog=plan.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    plan.add_arguments(p)
+    p.set_defaults(run=plan.run, subparser=p)
     return parser
 
 

@@ -8,7 +8,7 @@
 2. Then, if every host answered with torch and lightning-mccl installed and the port is free, the
    measurement program `doctor_bench` runs on every host through the launcher (backend "mccl"): ping-pong
    latency and one-way bandwidth for every pair of hosts, the fleet's allreduce bus bandwidth, and each
-   rank's reduction path (CPU vector instructions, Metal or not, MPS in place or staged) with the reason.
+   rank's reduction path (CPU vector instructions, MPS in place or staged) with the reason.
 
 Tables go to stdout, progress and problems to stderr. Exit code 0 when every check passed, 1 otherwise
 (2 for bad arguments).

@@ -1,9 +1,7 @@
-"""`mccl doctor`'s "Reduction path" table: on every rank, which reducer large reductions use and why.
+"""`mccl doctor`'s "Reduction path" table: on every rank, how reductions run, and why.
 
 - CPU reducer: the vector instructions the engine's kernels run with (reported by the engine itself:
   AVX2 or SSE2 chosen at run time on x86-64, NEON with hardware float16 conversion on arm64).
-- Metal: the decision training would make with this environment (MCCL_METAL, its self-test when enabled,
-  and the agreement of all ranks, lightning_mccl.metal.gate) and its reason.
 - MPS tensors: read and written in place (shared storage: the CPU addresses the same memory) or staged
   through reused host buffers, and why: the answer of the binding itself (csrc/torch/host_memory.hpp)
   for a tensor the size of a gradient bucket, allocated by torch's MPS allocator as training's are.
@@ -54,31 +52,20 @@ def mps_path() -> str:
 
 def reports(dist) -> List[dict]:
     """Every rank's report, in rank order (a collective: every rank must call it)."""
-    from lightning_mccl.metal.gate import agree, own_vote
-    from lightning_mccl.metal.kernels import MetalReducer
-    from lightning_mccl.metal.settings import MetalSettings
-
     from lightning_mccl.rendezvous import launcher_hosts
 
-    settings = MetalSettings.from_env()
-    vote = own_vote(settings, MetalReducer() if settings.mode != "0" else None)
     hosts = launcher_hosts(dist.get_world_size())  # the launcher's names, as its [host rN] prefixes say
     mine = {"host": hosts[dist.get_rank()] if hosts else socket.gethostname(), "machine": platform.machine(),
-            "cpu": cpu_vector_path(), "vote": vote, "mps": mps_path()}
+            "cpu": cpu_vector_path(), "mps": mps_path()}
     everyone: List[dict] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(everyone, mine)
-    votes = [r["vote"] for r in everyone]
-    for rank, r in enumerate(everyone):
-        d = agree(votes, rank)
-        r["metal"] = f"yes: {d.reason}" if d.device else f"no: {d.reason}"
     return everyone
 
 
 def table(rows: Sequence[dict]) -> Table:
     t = Table(title="Reduction path (per rank)", title_justify="left")
-    for col in ("rank", "host", "CPU reducer", "Metal", "MPS tensors"):
+    for col in ("rank", "host", "CPU reducer", "MPS tensors"):
         t.add_column(col)
     for rank, r in enumerate(rows):
-        t.add_row(str(rank), escape(f"{r['host']} ({r['machine']})"), escape(r["cpu"]), escape(r["metal"]),
-                  escape(r["mps"]))
+        t.add_row(str(rank), escape(f"{r['host']} ({r['machine']})"), escape(r["cpu"]), escape(r["mps"]))
     return t

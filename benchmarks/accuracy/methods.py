@@ -1,0 +1,79 @@
+"""The methods the convergence benchmark compares: one line each, a name and the `MCCLStrategy` keyword arguments
+that select it, the accuracy it may lose against the reference (issue 27's targets) and the fleet_ddp.py series
+whose measured step time is its own.
+
+    Method("int8", {"compress": "int8"}, 0.5, ("mccl+int8",))
+
+Adding a method is one line in METHODS, or `--method NAME='{"compress": ...}'` on the command line. A method
+whose arguments MCCLStrategy refuses (a choice not built yet) is reported as unavailable, with the error, and
+the others run.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+REFERENCE = "ddp-fp32"  # the method every other one is compared with: synchronous float32 DDP
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    strategy: Dict[str, object]  # MCCLStrategy keyword arguments
+    max_loss_pts: Optional[float] = None  # the target: at most this many points below the reference's accuracy
+    fleet_series: Tuple[str, ...] = ()  # fleet_ddp.py series labels that measured this method's step time
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "strategy": self.strategy}
+
+
+def _diloco(h: int) -> Dict[str, object]:
+    return {"sync": "diloco", "sync_every": h, "outer_lr": 0.7, "outer_momentum": 0.9}
+
+
+def _powersgd(rank: int) -> Dict[str, object]:
+    return {"compress": "powersgd", "compress_options": {"matrix_approximation_rank": rank}}
+
+
+METHODS: Tuple[Method, ...] = (
+    Method(REFERENCE, {}, None, ("mccl",)),
+    Method("bf16-hook", {"compress": "bf16_hook"}, None, ("mccl+bf16_hook",)),
+    Method("powersgd-r1", _powersgd(1), None, ("psgd-r1",)),
+    Method("powersgd-r4", _powersgd(4), None, ("psgd-r4",)),
+    Method("int8", {"compress": "int8"}, 0.5, ("mccl+int8",)),
+    Method("diloco-h8", _diloco(8), 1.0, ("mccl+diloco:H=8", "mccl+diloco:H=8:delay=1")),
+    Method("diloco-h32", _diloco(32), 1.0, ("mccl+diloco:H=32", "mccl+diloco:H=32:delay=1")),
+)
+
+
+def select(names: Optional[Sequence[str]], extra: Sequence[str] = ()) -> List[Method]:
+    """The methods to run, in the table's order: `names` (None: all of them) and the `extra` ones given as
+    NAME=JSON (MCCLStrategy keyword arguments). The reference always runs first. ValueError naming what is wrong."""
+    table = {m.name: m for m in METHODS}
+    for item in extra:
+        name, sep, text = item.partition("=")
+        try:
+            kwargs = json.loads(text) if sep and name else None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--method {item!r}: the arguments are not JSON ({e})") from None
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"--method {item!r}: write NAME='{{\"compress\": \"bf16_hook\"}}' (a JSON object of "
+                             f"MCCLStrategy keyword arguments)")
+        if name in table:
+            raise ValueError(f"--method {name}: already a method ({', '.join(table)}); give it another name")
+        table[name] = Method(name, kwargs, None, (name,))
+    chosen = list(table) if names is None else list(dict.fromkeys([REFERENCE, *names, *_names(extra)]))
+    unknown = [n for n in chosen if n not in table]
+    if unknown:
+        raise ValueError(f"--methods: unknown {unknown}; the methods are {', '.join(table)}")
+    return [table[n] for n in chosen]
+
+
+def _names(extra: Sequence[str]) -> List[str]:
+    return [item.partition("=")[0] for item in extra]
+
+
+def diloco_periods(methods: Sequence[Method]) -> List[int]:
+    """The outer-sync periods H of the DiLoCo methods among `methods` (validation falls on multiples of each)."""
+    return sorted({int(m.strategy["sync_every"]) for m in methods if m.strategy.get("sync") == "diloco"})

@@ -1,0 +1,295 @@
+"""`mccl plan`: predict the training step of a fleet of N Macs from one machine's compute profile.
+
+    mccl plan --model vit_base_patch16_224 --batch 32 --rate 10gbit --hosts 1-48 --device mps
+    mccl plan --model vit_base_patch16_224 --batch 32 --device mps --save-profile studio.json   # on one Mac
+    mccl plan --profile studio.json --rate 10gbit --hosts 2,4,8,24                           # anywhere
+
+Measuring a profile imports torch (and timm for a timm model); planning from a saved one does not. The
+model and its parameters: lightning_mccl/plan and docs/scaling.md. Tables go to stdout, messages to stderr;
+plan.csv, plan.md, plan.png (and the profile used, profile.json) go to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import time
+from typing import List, Optional, Sequence
+
+from ..plan.link import HOOK_LATENCY_S, OP_LATENCY_S, STEP_LATENCY_S, Link
+from ..plan.methods import DILOCO_WIRES, METHODS
+from ..plan.predict import Settings, build_methods, predict
+from ..plan.profile import ProfileError, load, save
+from ..switch.rates import format_rate, line_rate_goodput, parse_rate
+from .console import make_log, print_table, stderr_console
+from .fleet_args import _positive_int
+
+EPILOG = """\
+--hosts takes a range (1-48), a list (2,4,8,24) or both (1-8,16,24). --goodput takes bits (9.4gbit) or
+bytes (1.17GB/s) per second: what `mccl doctor` measured between two Macs (its links' Gbit/s). A profile
+measured on one device plans another with --compute-scale (0.5: twice as fast), an assumption the output
+names. One host is one Mac training alone: no communication.
+"""
+_BYTES_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kMG]?)B/s\s*$")
+_SI = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9}
+MAX_HOSTS = 4096
+
+
+def parse_hosts(text: str) -> List[int]:
+    """A range (1-48), a list (2,4,8,24) or both, as sorted distinct host counts >= 1."""
+    hosts = set()
+    for item in text.split(","):
+        a, dash, b = item.strip().partition("-")
+        try:
+            lo, hi = int(a), int(b) if dash else int(a)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: {item.strip()!r} is not a host count or a range; write a range such as 1-48 or a list "
+                f"such as 2,4,8,24") from None
+        if lo < 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: host counts start at 1, got {lo}")
+        if hi < lo:
+            raise argparse.ArgumentTypeError(f"{text!r}: the range {item.strip()} ends before it starts")
+        if hi > MAX_HOSTS:
+            raise argparse.ArgumentTypeError(f"{text!r}: at most {MAX_HOSTS} hosts, got {hi}")
+        hosts.update(range(lo, hi + 1))
+    return sorted(hosts)
+
+
+def parse_goodput(text: str) -> float:
+    """Bytes per second from 9.4gbit (bits, as tc writes rates) or 1.17GB/s (bytes)."""
+    m = _BYTES_RATE.match(text)
+    if m:
+        value = float(m.group(1)) * _SI[m.group(2)]
+    else:
+        try:
+            value = parse_rate(text) / 8
+        except ValueError:
+            value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: write a rate such as 9.4gbit or 1.17GB/s")
+    return value
+
+
+def _rate(text: str) -> int:
+    try:
+        return parse_rate(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _names(text: str) -> List[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [n for n in names if n not in METHODS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: methods are {', '.join(METHODS)}")
+    return list(dict.fromkeys(names))
+
+
+def _ranks(text: str) -> List[int]:
+    try:
+        ranks = sorted({int(t) for t in text.split(",")})
+    except ValueError:
+        ranks = []
+    if not ranks or ranks[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a list of PowerSGD ranks such as 1,4")
+    return ranks
+
+
+def _number(positive: bool, scale: float = 1.0, unit: str = ""):
+    """An argparse type: a number (> 0 when `positive`, else >= 0) times `scale`."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number{unit}") from None
+        if not (value > 0 if positive else value >= 0):
+            raise argparse.ArgumentTypeError(f"must be {'positive' if positive else 'at least 0'}, got {text}")
+        return value * scale
+    return parse
+
+
+_positive_float = _number(True)
+_micros = _number(False, 1e-6, " of microseconds")
+
+
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a JSON object of keyword arguments")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    s = Settings()
+    g = parser.add_argument_group("what to plan")
+    g.add_argument("--model", help="timm model name, or module:Class (a LightningModule with example_input_array)")
+    g.add_argument("--batch", type=_positive_int, help="samples per Mac per step")
+    g.add_argument("--hosts", type=parse_hosts, default=parse_hosts("1-48"), help="fleet sizes (default: 1-48)")
+    g.add_argument("--methods", type=_names, default=list(METHODS),
+                   help=f"comma-separated, from {','.join(METHODS)} (default: all)")
+    g.add_argument("--out", help="folder for plan.csv, plan.md, plan.png, profile.json (default: runs/plan/...)")
+    g = parser.add_argument_group("the compute profile")
+    g.add_argument("--device", choices=("auto", "mps", "cuda", "cpu"), help="where to measure it (default: auto)")
+    g.add_argument("--profile", metavar="FILE", help="use this profile (made with --save-profile) instead")
+    g.add_argument("--save-profile", metavar="FILE", help="write the profile used here")
+    g.add_argument("--steps", type=_positive_int, default=10, help="timed steps (default: %(default)s)")
+    g.add_argument("--warmup", type=_positive_int, default=3, help="untimed steps first (default: %(default)s)")
+    g.add_argument("--share-device", type=_positive_int, default=1, metavar="N",
+                   help="N processes measure at once on the one device, as the fleet stand-in's ranks share "
+                        "its GPU (default: 1, a Mac alone)")
+    g.add_argument("--img-size", type=_positive_int, default=224)
+    g.add_argument("--patch-size", type=_positive_int, help="ViT patch size (default: the model's)")
+    g.add_argument("--depth", type=_positive_int, help="number of blocks (default: the model's)")
+    g.add_argument("--num-classes", type=_positive_int, default=1000)
+    g.add_argument("--init-args", type=_json_object, default={}, help="JSON keyword arguments for module:Class")
+    g.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="(default: %(default)s)")
+    g.add_argument("--powersgd-ranks", type=_ranks, default=[1, 4], help="PowerSGD ranks to time (default: 1,4)")
+    g.add_argument("--compute-scale", type=_positive_float, default=1.0,
+                   help="multiply the profile's times by this (another device; an assumption; default: 1)")
+    g = parser.add_argument_group("the fleet")
+    g.add_argument("--rate", type=_rate, default=parse_rate("10gbit"), help="link rate, tc style (default: 10gbit)")
+    g.add_argument("--goodput", type=parse_goodput,
+                   help="TCP payload rate of a link, as `mccl doctor` measures it (default: the rate's line-rate "
+                        "goodput with 1500-byte frames, 0.956 of it)")
+    g.add_argument("--op-latency-us", type=_micros, default=OP_LATENCY_S,
+                   help=f"the engine's cost per collective (default: {OP_LATENCY_S * 1e6:g})")
+    g.add_argument("--hook-latency-us", type=_micros, default=HOOK_LATENCY_S,
+                   help=f"more per collective from a Python comm hook (default: {HOOK_LATENCY_S * 1e6:g})")
+    g.add_argument("--step-latency-us", type=_micros, default=STEP_LATENCY_S,
+                   help=f"per algorithm step: a hop (default: {STEP_LATENCY_S * 1e6:g})")
+    g = parser.add_argument_group("the methods (MCCLStrategy's defaults)")
+    g.add_argument("--bucket-mb", type=_positive_float, default=s.bucket_mb, help="DDP's bucket_cap_mb (default: 5)")
+    g.add_argument("--first-bucket-mb", type=_positive_float,
+                   help="DDP's first bucket (default: --bucket-mb; DDP's own defaults are --bucket-mb 25 "
+                        "--first-bucket-mb 1)")
+    g.add_argument("--powersgd-rank", type=_positive_int, default=s.powersgd_rank, help="(default: %(default)s)")
+    g.add_argument("--powersgd-bucket-mb", type=_positive_float, default=s.powersgd_bucket_mb,
+                   help="(default: %(default)g: one bucket)")
+    g.add_argument("--sync-every", type=_positive_int, default=s.sync_every, metavar="H",
+                   help="DiLoCo's inner steps per outer sync (default: %(default)s)")
+    g.add_argument("--sync-delay", type=_positive_int, default=s.sync_delay, metavar="TAU",
+                   help="DiLoCo's steps between a round's end and its outer step (default: %(default)s)")
+    g.add_argument("--diloco-wire", choices=DILOCO_WIRES, default=s.diloco_wire,
+                   help="DiLoCo's pseudo-gradient on the wire, its compress= (default: %(default)s)")
+    g.add_argument("--int8-codec", type=parse_goodput,
+                   help="the engine's int8 codec rate, wire bytes (default: as fast as the link)")
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Optional[Sequence[str]]) -> int:
+    if command:
+        parser.error("mccl plan takes no command")
+    log = make_log(stderr_console(), "mccl plan")
+    settings = Settings(args.bucket_mb, args.first_bucket_mb, args.powersgd_rank, args.powersgd_bucket_mb,
+                        args.sync_every, args.sync_delay, args.diloco_wire, args.int8_codec)
+    link = Link(args.goodput or line_rate_goodput(args.rate) / 8, args.op_latency_us,
+                           args.step_latency_us, args.hook_latency_us)
+    if args.profile:
+        try:
+            profile = load(args.profile)
+        except ProfileError as e:
+            parser.error(str(e))
+        for option, given, measured in (("--model", args.model, profile.model), ("--batch", args.batch, profile.batch),
+                                        ("--device", args.device, profile.device)):
+            if given is not None and given != measured and not (option == "--device" and given == "auto"):
+                parser.error(f"{option} {given}, but the profile {args.profile} was measured with {measured}: "
+                             f"leave {option} out, or measure a profile for it")
+    else:
+        if not args.model or not args.batch:
+            parser.error("give --model and --batch (to measure a profile here) or --profile FILE")
+        profile = _measure(args, parser, log)
+        if profile is None:
+            return 1
+    if args.save_profile:
+        save(profile, args.save_profile)
+        log(f"wrote the profile to {args.save_profile}")
+    if args.compute_scale != 1.0:
+        profile = profile.scaled(args.compute_scale)
+    try:
+        methods = build_methods(args.methods, settings)
+        predictions = predict(profile, link, methods, args.hosts)
+    except ValueError as e:
+        parser.error(str(e))
+    from ..plan import report
+    from ..plan.buckets import MIB
+
+    out = args.out or os.path.join("runs", "plan", f"{profile.model.replace(':', '.')}-b{profile.batch}-"
+                                                   f"{time.strftime('%Y%m%d-%H%M%S')}")
+    title = f"mccl plan: {profile.model}, batch {profile.batch} per Mac, {format_rate(args.rate)} links"
+    notes = assumptions(profile, link, args, settings, methods)
+    why = report.write(out, title, notes, predictions, {
+        "model": profile.model, "batch": profile.batch, "device": profile.device, "device_name": profile.device_name,
+        "share_device": profile.share_device, "compute_scale": profile.compute_scale, "rate_bps": args.rate,
+        "goodput_Bps": link.goodput_Bps})
+    save(profile, os.path.join(out, "profile.json"))
+    print_table(title, report.table(predictions), notes)
+    if why:
+        log(why)
+    log(f"wrote {out}/plan.csv, plan.md{'' if why else ', plan.png'}, profile.json")
+    return 0
+
+
+def _measure(args, parser, log):
+    from ..plan.devices import DeviceError, pick
+    from ..plan.measure import MeasureError, MeasureSpec, measure
+    from ..plan.models import ModelError, ModelSpec
+
+    try:
+        device = pick(args.device or "auto")
+    except DeviceError as e:
+        parser.error(str(e))
+    spec = MeasureSpec(ModelSpec(args.model, args.img_size, args.patch_size, args.depth, args.num_classes,
+                                 args.init_args), args.batch, device, args.steps, args.warmup, args.share_device,
+                       args.optimizer, tuple(args.powersgd_ranks))
+    start = time.monotonic()
+    try:
+        profile = measure(spec, log)
+    except ModelError as e:
+        parser.error(str(e))
+    except MeasureError as e:
+        log(str(e))
+        return None
+    log(f"measured in {time.monotonic() - start:.0f} s: compute step {profile.step_s * 1e3:.1f} ms")
+    return profile
+
+
+def assumptions(profile, link, args, settings, methods) -> List[str]:
+    """What the prediction rests on, one line each, for the table's notes and plan.md."""
+    from ..plan import report
+    from ..plan.buckets import MIB
+
+    params = sum(p.numel for p in profile.params)
+    shared = f", {profile.share_device} processes sharing it" if profile.share_device > 1 else ""
+    scale = (f"; every compute time x{profile.compute_scale:g} (an assumption: another device)"
+             if profile.compute_scale != 1.0 else "")
+    lines = [f"profile: {params / 1e6:.2f}M parameters ({profile.grad_bytes / 1e6:.1f} MB of gradients), measured on "
+             f"{profile.device_name} ({profile.device}{shared}), {profile.optimizer}: forward "
+             f"{profile.forward_s * 1e3:.1f} ms, backward to {profile.backward_s * 1e3:.1f} ms, step "
+             f"{profile.step_s * 1e3:.1f} ms{scale}",
+             f"link: {format_rate(args.rate)}, TCP goodput {link.goodput_Bps / 1e9:.3f} GB/s"
+             f"{' (given)' if args.goodput else ' (0.956 of the rate, as the emulated switch measured)'}; engine: "
+             f"{link.op_latency_s * 1e6:g} us per collective (+{link.hook_latency_s * 1e6:g} from a Python hook), "
+             f"{link.step_latency_s * 1e6:g} us per ring step"]
+    for m in methods:
+        first = getattr(m, "first_cap_bytes", 0)
+        first = f" (the first {first / MIB:g})" if first and first != m.cap_bytes else ""
+        if m.name in ("ddp", "bf16", "int8"):
+            how = {"int8": ", the 8-bit exchange at " + (format_rate(settings.int8_codec_Bps * 8) + " (given)"
+                                                          if settings.int8_codec_Bps else "the link's rate")}
+            lines.append(f"{m.name}: {len(m.buckets(profile))} buckets of {m.cap_bytes / MIB:g} MiB{first}, "
+                         f"their allreduces overlapping the backward pass{how.get(m.name, '')}")
+        elif m.name == "powersgd":
+            lines.append(f"powersgd: rank {settings.powersgd_rank}, {len(m.buckets(profile))} bucket(s) of "
+                         f"{m.cap_bytes / MIB:g} MiB{first}, same-shaped matrices batched")
+        else:
+            lines.append(f"diloco: H = {settings.sync_every} inner steps per outer sync, the pseudo-gradient as "
+                         f"{settings.diloco_wire} in one allreduce, overlapping the next {settings.sync_delay} "
+                         f"step(s) before the outer step applies it; the step is a round's average")
+    lines.append("one host: one Mac training alone; efficiency = its step / this step; speed-up = hosts x "
+                 "efficiency")
+    lines.append(report.CELL)
+    return lines

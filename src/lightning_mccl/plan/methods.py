@@ -1,0 +1,172 @@
+"""The ways to train on a fleet that `mccl plan` predicts, each as the bytes it sends and the work it adds.
+
+    ddp        DDP's float32 allreduce per bucket (MCCLStrategy's default: 5 MB buckets over mccl)
+    bf16       torch's bf16_compress_hook (`compress="bf16"` on an accelerator): each bucket cast to bfloat16
+               on the device, half the bytes, cast back after
+    int8       the engine's 8-bit allreduce with error feedback (`compress="int8"`, docs/int8.md): each bucket
+               from a comm hook, as int8 codes with a float32 scale per 256 values (a quarter of the bytes and
+               1/64 more), by the reduce-once exchange; the engine quantises on the CPU as it sends, at the
+               link's rate (measured: 0.96-0.97 of what its bytes allow) unless its codec is given slower
+    powersgd   torch's powerSGD_hook at rank r (`compress="powersgd"`: one bucket, same-shaped matrices
+               batched): per bucket a chain of three allreduces, the tensors it does not compress (float32),
+               then the P matrices (sum of n x r), then, after orthogonalising P and computing Q on the
+               device, the Q matrices (sum of m x r), then P Q^T and the new error on the device
+    diloco     H inner steps with no communication, then the pseudo-gradient (anchor - weights) allreduced in
+               one piece, in float32, bf16 on the wire or 8 bits, while the next tau steps run, then the outer
+               Nesterov step (`MCCLStrategy(sync="diloco", sync_every=H, sync_delay=tau, compress=...)`,
+               docs/diloco.md)
+
+The device work comes from the profile's kernels (measured on the device, profile.py); the collectives' cost
+from the link (link.py); the bucketed methods run through DDP's schedule (schedule.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional
+
+from .buckets import MIB, Bucket, buckets
+from .link import BF16_WIRE_EFFICIENCY, Link
+from .profile import Param, Profile
+from .schedule import Chain, Collective, bucketed_step
+
+BF16_BYTES = 2
+INT8_BLOCK = 256  # values per scale (csrc/engine/int8_blocks.h)
+INT8_SCALE_BYTES = 4  # one float32 scale per block
+POWERSGD_MIN_COMPRESSION_RATE = 2  # PowerSGDState's default: a matrix is compressed if that saves 2x or more
+
+
+@dataclass(frozen=True)
+class Timing:
+    step_s: float  # the average training step
+    comm_s: float  # the collectives' time in it (overlapped or not)
+
+
+class Bucketed:
+    """A method that sends every step's gradients in DDP's buckets."""
+    name = ""
+
+    def __init__(self, bucket_mb: float, first_bucket_mb: Optional[float] = None):
+        self.cap_bytes = int(bucket_mb * MIB)
+        self.first_cap_bytes = int((first_bucket_mb or bucket_mb) * MIB)
+
+    def buckets(self, profile: Profile) -> List[Bucket]:
+        return buckets(profile.params, self.cap_bytes, self.first_cap_bytes)
+
+    def chain(self, bucket: Bucket, profile: Profile) -> Chain:
+        raise NotImplementedError
+
+    def timing(self, profile: Profile, n: int, link: Link) -> Timing:
+        if n < 2:
+            return Timing(profile.step_s, 0.0)
+        chains = [self.chain(b, profile) for b in self.buckets(profile)]
+        t = bucketed_step(chains, profile.backward_s, profile.optimizer_s, n, link)
+        return Timing(t.step_s, t.comm_s)
+
+
+class DDP(Bucketed):
+    name = "ddp"
+
+    def chain(self, bucket: Bucket, profile: Profile) -> Chain:
+        return Chain(bucket.ready_s, (Collective(bucket.nbytes),))
+
+
+class BF16(Bucketed):
+    name = "bf16"
+
+    def chain(self, bucket: Bucket, profile: Profile) -> Chain:
+        k = profile.kernels
+        return Chain(bucket.ready_s, (Collective(bucket.numel * BF16_BYTES),), issued_s=bucket.nbytes * k.bf16_encode,
+                     after_s=bucket.nbytes * k.bf16_decode, hook=True)
+
+
+def int8_bytes(numel: int, block: int = INT8_BLOCK) -> int:
+    """int8 values and one float32 scale per block of `block` values."""
+    return numel + math.ceil(numel / block) * INT8_SCALE_BYTES
+
+
+class Int8(Bucketed):
+    name = "int8"
+
+    def __init__(self, bucket_mb: float, first_bucket_mb: Optional[float] = None, codec_Bps: Optional[float] = None):
+        super().__init__(bucket_mb, first_bucket_mb)
+        self.codec_Bps = codec_Bps
+
+    def chain(self, bucket: Bucket, profile: Profile) -> Chain:
+        return Chain(bucket.ready_s, (Collective(int8_bytes(bucket.numel), rate_Bps=self.codec_Bps, exchange=True),),
+                     hook=True)
+
+
+def powersgd_matrix(p: Param, rank: int):
+    """(rows, cols, rank used) when PowerSGD compresses this gradient, else None: a tensor of 2 or more
+    dimensions viewed as shape[0] x the rest, compressed when (rows + cols) x rank x 2 < rows x cols."""
+    if len(p.shape) < 2:
+        return None
+    rows = p.shape[0]
+    cols = p.numel // rows
+    r = min(rows, cols, rank)
+    return (rows, cols, r) if (rows + cols) * r * POWERSGD_MIN_COMPRESSION_RATE < rows * cols else None
+
+
+class PowerSGD(Bucketed):
+    name = "powersgd"
+
+    def __init__(self, rank: int, bucket_mb: float, first_bucket_mb: Optional[float] = None):
+        super().__init__(bucket_mb, first_bucket_mb)
+        self.rank = rank
+
+    def chain(self, bucket: Bucket, profile: Profile) -> Chain:
+        cost = profile.kernels.powersgd.get(self.rank)
+        if cost is None:
+            raise ValueError(f"the profile has PowerSGD's matrix work at ranks {sorted(profile.kernels.powersgd)}, "
+                             f"not at rank {self.rank}: profile again with --powersgd-ranks {self.rank}")
+        mats = {p.name: powersgd_matrix(p, self.rank) for p in profile.params}
+        total = sum(r * c for r, c, _ in filter(None, mats.values())) or 1
+        mine = [mats[p.name] for p in bucket.params if mats[p.name]]
+        share = sum(r * c for r, c, _ in mine) / total
+        value_bytes = bucket.params[0].value_bytes
+        plain = sum(p.nbytes for p in bucket.params if not mats[p.name])
+        ps = sum(r * k for r, _, k in mine) * value_bytes
+        qs = sum(c * k for _, c, k in mine) * value_bytes
+        return Chain(bucket.ready_s, (Collective(plain), Collective(ps), Collective(qs, before_s=cost.q_s * share)),
+                     issued_s=cost.p_s * share, after_s=cost.d_s * share, hook=True)
+
+
+DILOCO_WIRES = ("float32", "bf16", "int8")
+
+
+class DiLoCo:
+    """H inner steps, each the compute step; at the round's end the pseudo-gradient is computed on the device
+    and its one allreduce starts, then tau steps later the outer step applies it, waiting for whatever of the
+    allreduce those tau steps did not hide (docs/diloco.md). A round: H x compute + pseudo-gradient + outer
+    step + max(0, allreduce - tau x compute); the step is a round's average. The wire: float32, bf16 (the
+    engine narrows on the wire, at BF16_WIRE_EFFICIENCY of the link) or int8 (the 8-bit exchange)."""
+    name = "diloco"
+
+    def __init__(self, sync_every: int, sync_delay: int = 1, wire: str = "bf16", codec_Bps: Optional[float] = None):
+        if sync_every < 1:
+            raise ValueError(f"sync_every must be at least 1, got {sync_every}")
+        if not 1 <= sync_delay <= sync_every:
+            raise ValueError(f"sync_delay must be between 1 and sync_every ({sync_every}), got {sync_delay}")
+        if wire not in DILOCO_WIRES:
+            raise ValueError(f"DiLoCo's pseudo-gradient travels as {', '.join(DILOCO_WIRES)}, not {wire!r}")
+        self.sync_every, self.sync_delay, self.wire, self.codec_Bps = sync_every, sync_delay, wire, codec_Bps
+
+    def timing(self, profile: Profile, n: int, link: Link) -> Timing:
+        if n < 2:
+            return Timing(profile.step_s, 0.0)
+        numel = sum(p.numel for p in profile.params)
+        if self.wire == "int8":
+            allreduce = link.allreduce_s(int8_bytes(numel), n, rate_Bps=self.codec_Bps, exchange=True)
+        elif self.wire == "bf16":
+            allreduce = link.allreduce_s(numel * BF16_BYTES, n, rate_Bps=BF16_WIRE_EFFICIENCY * link.goodput_Bps)
+        else:
+            allreduce = link.allreduce_s(profile.grad_bytes, n)
+        k = profile.kernels
+        hidden = self.sync_delay * profile.step_s
+        round_s = (self.sync_every * profile.step_s + profile.grad_bytes * (k.pseudo_gradient + k.outer_step)
+                   + max(0.0, allreduce - hidden))
+        return Timing(round_s / self.sync_every, allreduce / self.sync_every)
+
+
+METHODS = ("ddp", "bf16", "int8", "powersgd", "diloco")

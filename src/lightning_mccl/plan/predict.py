@@ -1,0 +1,73 @@
+"""The plan: every method's training step on each fleet size, from a profile and a link.
+
+    step        the predicted training step (DiLoCo: a round's average)
+    samples/s   hosts x batch / step
+    efficiency  one Mac's compute step / step (benchmarks/fleet_ddp.py's definition)
+    speed-up    samples/s over one Mac's (hosts x efficiency)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+from .link import Link
+from .methods import BF16, DDP, DiLoCo, Int8, METHODS, PowerSGD
+from .profile import Profile
+
+# MCCLStrategy's defaults (lightning/group.py: BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB;
+# lightning/compress.py: POWERSGD_DEFAULTS' rank), repeated here so that planning needs no torch;
+# tests/unit/test_plan_model.py checks that they agree.
+BUCKET_MB = 5.0
+POWERSGD_BUCKET_MB = 1000.0
+POWERSGD_RANK = 1
+# DiLoCo's inner steps per outer sync (configs/vit_fleet24_diloco.yaml's): give the H you train with.
+SYNC_EVERY = 8
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How each method runs (the strategy's defaults unless said)."""
+    bucket_mb: float = BUCKET_MB
+    first_bucket_mb: Optional[float] = None  # None: bucket_mb (DDP's own default: 1 MiB first, 25 after)
+    powersgd_rank: int = POWERSGD_RANK
+    powersgd_bucket_mb: float = POWERSGD_BUCKET_MB
+    sync_every: int = SYNC_EVERY
+    sync_delay: int = 1  # MCCLStrategy's default
+    diloco_wire: str = "bf16"  # DiLoCo's compress: float32 (None), bf16, int8
+    int8_codec_Bps: Optional[float] = None  # the engine's int8 codec rate, wire bytes/s (None: the link's)
+
+
+def build_methods(names: Sequence[str], s: Settings) -> list:
+    """The methods named (METHODS), in that order, set up as `s` says; ValueError naming an unknown one."""
+    make = {"ddp": lambda: DDP(s.bucket_mb, s.first_bucket_mb),
+            "bf16": lambda: BF16(s.bucket_mb, s.first_bucket_mb),
+            "int8": lambda: Int8(s.bucket_mb, s.first_bucket_mb, codec_Bps=s.int8_codec_Bps),
+            "powersgd": lambda: PowerSGD(s.powersgd_rank, s.powersgd_bucket_mb, s.first_bucket_mb),
+            "diloco": lambda: DiLoCo(s.sync_every, s.sync_delay, s.diloco_wire, s.int8_codec_Bps)}
+    unknown = [n for n in names if n not in make]
+    if unknown:
+        raise ValueError(f"unknown method {', '.join(map(repr, unknown))} (use {', '.join(METHODS)})")
+    return [make[n]() for n in names]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    hosts: int
+    method: str
+    step_s: float
+    samples_per_s: float
+    efficiency: float
+    speedup: float
+    comm_s: float  # the collectives' time per step, overlapped or not
+    exposed_s: float  # step - one Mac's compute step
+
+
+def predict(profile: Profile, link: Link, methods: Sequence, hosts: Sequence[int]) -> List[Prediction]:
+    one = profile.step_s
+    out = []
+    for m in methods:
+        for n in hosts:
+            t = m.timing(profile, n, link)
+            out.append(Prediction(n, m.name, t.step_s, n * profile.batch / t.step_s, one / t.step_s,
+                                  n * one / t.step_s, t.comm_s, t.step_s - one))
+    return out
