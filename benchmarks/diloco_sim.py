@@ -356,7 +356,8 @@ def main(argv=None) -> int:
                 break
             w.writerow(row)
             f.flush()
-    rows = [r for r in _read_rows(csv_path) if (r["name"], r["setting"]) in {(n, describe(s)) for n, s in runs}]
+    wanted = {(n, describe(s)) for n, s in runs}
+    rows = [r for r in _read_rows(csv_path) if (r["name"], r["setting"]) in wanted]
     table, points = summarise(runs, rows, args.seeds)
     title = f"DiLoCo simulated on convergence.py's task: final validation accuracy, seeds {args.seeds}"
     header = report.machine_header(sys.argv[1:] if argv is None else argv, f"{args.device}, {args.jobs} jobs")
