@@ -27,6 +27,9 @@
 #   algos           the algorithm table (csrc/engine/algorithms/select.cc): latency algorithms against rings
 #   sender nsocks   4 ranks on loopback: the sender thread, and connections per peer
 #   convergence     python3 benchmarks/convergence.py --device cuda --out DIR $CONVERGENCE_ARGS
+#   diloco-sim      benchmarks/diloco_sim.py's sweep of DiLoCo's settings (SIM_RUNS: benchmarks/accuracy/
+#                   diloco_sweep.txt, SEEDS: 0 1 2, SIM_JOBS: 8 processes on the GPU); SIM_DIR: a folder kept
+#                   between calls (e.g. runs/diloco_sim) to resume a sweep cut by the budget, else a fresh one
 #   plan-profiles   mccl plan's profiles of ViT-B/16 on cuda, batch 8 and 32, with N processes sharing the GPU
 #                   for N in HOSTS (4 8 16), as the stand-in's N ranks (docs/scaling.md)
 #   plan-fleetN     the stand-in at N hosts, batch 32 and 8, every bucketed method of mccl plan (DDP, bf16
@@ -154,6 +157,11 @@ mccl:MCCL_RING_LOOKAHEAD_BYTES=512M:label=lookahead512M,gloo ;;
       --series mccl:MCCL_SEND_THREAD_BYTES=0:label=1-thread,mccl,mccl:MCCL_NSOCKS=2:label=nsocks2,mccl:MCCL_NSOCKS=4:label=nsocks4,gloo ;;
   convergence)
     py 550 benchmarks/convergence.py --device cuda --out "$R/convergence" ${CONVERGENCE_ARGS:-} ;;
+  diloco-sim)
+    d=${SIM_DIR:-$R/diloco_sim}
+    py 570 benchmarks/diloco_sim.py --device cuda --jobs ${SIM_JOBS:-8} --runs-file ${SIM_RUNS:-benchmarks/accuracy/diloco_sweep.txt} \
+      --seeds ${SEEDS:-0 1 2} --timeout $(T 555) --out "$d"
+    [ "$d" = "$R/diloco_sim" ] || cp -r "$d" "$R/diloco_sim" ;;
   plan-profiles)
     for b in 8 32; do for n in ${HOSTS:-4 8 16}; do
       py 150 -m lightning_mccl.cli plan --model vit_base_patch16_224 --batch $b --device cuda --share-device $n \
