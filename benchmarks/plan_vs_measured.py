@@ -77,6 +77,8 @@ def method_of(row: dict, powersgd_rank: int):
     bucket, first = ((float(options["bucket_cap_mb"]),) * 2 if "bucket_cap_mb" in options else DDP_DEFAULT_BUCKETS)
     if method == "powersgd":
         return method, Settings(powersgd_rank=powersgd_rank, powersgd_bucket_mb=bucket, first_bucket_mb=first)
+    if method == "int8":
+        return method, Settings(int8_bucket_mb=bucket, first_bucket_mb=first)
     return method, Settings(bucket_mb=bucket, first_bucket_mb=first)
 
 

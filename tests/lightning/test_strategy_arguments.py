@@ -126,6 +126,7 @@ def test_arguments_compress_timeout_ddp_kwargs_and_hint():
                              "bucket_cap_mb": 4, "forward_sync_buffers": False}
     # The fleet default over mccl (5 MB buckets, measured); other backends keep DDP's own.
     assert MCCLStrategy()._ddp_kwargs["bucket_cap_mb"] == 5.0
+    assert MCCLStrategy(compress="int8")._ddp_kwargs["bucket_cap_mb"] == 25.0
     assert MCCLStrategy(compress="powersgd")._ddp_kwargs["bucket_cap_mb"] == 1000.0  # one bucket
     assert MCCLStrategy(compress="powersgd", bucket_cap_mb=25)._ddp_kwargs["bucket_cap_mb"] == 25
     assert MCCLStrategy(compress="bf16_hook")._ddp_kwargs["bucket_cap_mb"] == 5.0
@@ -146,7 +147,7 @@ def test_int8_brings_its_hook_and_refuses_what_it_cannot_take():
 
     s = MCCLStrategy(compress="int8")
     assert s._ddp_comm_hook is int8.int8_hook and isinstance(s._ddp_comm_state, int8.Int8State)
-    assert (s._ddp_comm_wrapper, s._compress_plan.wire, s._ddp_kwargs["bucket_cap_mb"]) == (None, None, 5.0)
+    assert (s._ddp_comm_wrapper, s._compress_plan.wire, s._ddp_kwargs["bucket_cap_mb"]) == (None, None, 25.0)
     s._compress_plan.check(torch.nn.Linear(2, 2).to(torch.bfloat16))  # floating: fine
     with pytest.raises(ValueError, match=r"compress='int8'\): parameter 'weight' is torch.complex64"):
         s._compress_plan.check(torch.nn.Linear(2, 2).to(torch.complex64))

@@ -240,8 +240,8 @@ def test_build_methods_names_an_unknown_one():
 def test_the_plans_defaults_are_the_strategys():
     pytest.importorskip("lightning")
     from lightning_mccl.lightning.compress import POWERSGD_DEFAULTS
-    from lightning_mccl.lightning.group import BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB
+    from lightning_mccl.lightning.group import BUCKET_CAP_MB, INT8_BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB
 
     s = Settings()
-    assert (s.bucket_mb, s.powersgd_bucket_mb, s.powersgd_rank) == (
-        BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB, POWERSGD_DEFAULTS["matrix_approximation_rank"])
+    assert (s.bucket_mb, s.powersgd_bucket_mb, s.int8_bucket_mb, s.powersgd_rank) == (
+        BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB, INT8_BUCKET_CAP_MB, POWERSGD_DEFAULTS["matrix_approximation_rank"])

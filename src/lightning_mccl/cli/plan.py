@@ -170,6 +170,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--powersgd-rank", type=_positive_int, default=s.powersgd_rank, help="(default: %(default)s)")
     g.add_argument("--powersgd-bucket-mb", type=_positive_float, default=s.powersgd_bucket_mb,
                    help="(default: %(default)g: one bucket)")
+    g.add_argument("--int8-bucket-mb", type=_positive_float, default=s.int8_bucket_mb,
+                   help="bucket_cap_mb with compress='int8' (default: %(default)g)")
     g.add_argument("--sync-every", type=_positive_int, default=s.sync_every, metavar="H",
                    help="DiLoCo's inner steps per outer sync (default: %(default)s)")
     g.add_argument("--sync-delay", type=_positive_int, default=s.sync_delay, metavar="TAU",
@@ -184,8 +186,10 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     if command:
         parser.error("mccl plan takes no command")
     log = make_log(stderr_console(), "mccl plan")
-    settings = Settings(args.bucket_mb, args.first_bucket_mb, args.powersgd_rank, args.powersgd_bucket_mb,
-                        args.sync_every, args.sync_delay, args.diloco_wire, args.int8_codec)
+    settings = Settings(bucket_mb=args.bucket_mb, first_bucket_mb=args.first_bucket_mb,
+                        powersgd_rank=args.powersgd_rank, powersgd_bucket_mb=args.powersgd_bucket_mb,
+                        int8_bucket_mb=args.int8_bucket_mb, sync_every=args.sync_every, sync_delay=args.sync_delay,
+                        diloco_wire=args.diloco_wire, int8_codec_Bps=args.int8_codec)
     link = Link(args.goodput or line_rate_goodput(args.rate) / 8, args.op_latency_us,
                            args.step_latency_us, args.hook_latency_us)
     if args.profile:

@@ -70,7 +70,8 @@ class MCCLStrategy(DDPStrategy):
         find_unused_parameters, static_graph, gradient_as_bucket_view, bucket_cap_mb: passed to
             `DistributedDataParallel`, like any other keyword argument (`forward_sync_buffers`, ...).
             bucket_cap_mb defaults to group.BUCKET_CAP_MB (5) over mccl, group.POWERSGD_BUCKET_CAP_MB (1000:
-            one bucket) with compress="powersgd" over mccl, DDP's own (25) over other backends.
+            one bucket) with compress="powersgd" and group.INT8_BUCKET_CAP_MB (25) with compress="int8" over
+            mccl, DDP's own (25) over other backends.
         comm_metrics: True (default) adds a `CommMetrics` callback to fits (comm/* metrics in the loggers, the
             straggler report); False turns it off; a `CommMetrics(...)` instance is used as given; anything
             else (0, "no", None) is a ValueError.

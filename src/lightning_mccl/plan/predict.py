@@ -14,11 +14,12 @@ from .link import Link
 from .methods import BF16, DDP, DiLoCo, Int8, METHODS, PowerSGD
 from .profile import Profile
 
-# MCCLStrategy's defaults (lightning/group.py: BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB;
+# MCCLStrategy's defaults (lightning/group.py: BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB, INT8_BUCKET_CAP_MB;
 # lightning/compress.py: POWERSGD_DEFAULTS' rank), repeated here so that planning needs no torch;
 # tests/unit/test_plan_model.py checks that they agree.
 BUCKET_MB = 5.0
 POWERSGD_BUCKET_MB = 1000.0
+INT8_BUCKET_MB = 25.0
 POWERSGD_RANK = 1
 # DiLoCo's inner steps per outer sync (configs/vit_fleet24_diloco.yaml's): give the H you train with.
 SYNC_EVERY = 8
@@ -31,6 +32,7 @@ class Settings:
     first_bucket_mb: Optional[float] = None  # None: bucket_mb (DDP's own default: 1 MiB first, 25 after)
     powersgd_rank: int = POWERSGD_RANK
     powersgd_bucket_mb: float = POWERSGD_BUCKET_MB
+    int8_bucket_mb: float = INT8_BUCKET_MB
     sync_every: int = SYNC_EVERY
     sync_delay: int = 1  # MCCLStrategy's default
     diloco_wire: str = "bf16"  # DiLoCo's compress: float32 (None), bf16, int8
@@ -41,7 +43,7 @@ def build_methods(names: Sequence[str], s: Settings) -> list:
     """The methods named (METHODS), in that order, set up as `s` says; ValueError naming an unknown one."""
     make = {"ddp": lambda: DDP(s.bucket_mb, s.first_bucket_mb),
             "bf16": lambda: BF16(s.bucket_mb, s.first_bucket_mb),
-            "int8": lambda: Int8(s.bucket_mb, s.first_bucket_mb, codec_Bps=s.int8_codec_Bps),
+            "int8": lambda: Int8(s.int8_bucket_mb, s.first_bucket_mb, codec_Bps=s.int8_codec_Bps),
             "powersgd": lambda: PowerSGD(s.powersgd_rank, s.powersgd_bucket_mb, s.first_bucket_mb),
             "diloco": lambda: DiLoCo(s.sync_every, s.sync_delay, s.diloco_wire, s.int8_codec_Bps)}
     unknown = [n for n in names if n not in make]
