@@ -4,7 +4,7 @@ DiLoCo at two values of H), through the product's own path: Lightning's `Trainer
 ranks started as `mccl launch --local N` starts them.
 
     python benchmarks/convergence.py                                  # 8 CPU ranks, a small ViT (docs/convergence.md)
-    python benchmarks/convergence.py --seeds 0 1 2 --methods ddp-fp32,int8,diloco-h8,diloco-h32
+    python benchmarks/convergence.py --seeds 0 1 2 --methods ddp-fp32,int8,diloco-h2,diloco-h4
     python benchmarks/convergence.py --device cuda --model vit_small_patch16_224 --model-kwargs '{}' ...
     python benchmarks/convergence.py --step-times fleet/results.csv --step-series int8=mccl+int8
 

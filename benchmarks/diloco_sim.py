@@ -1,6 +1,7 @@
 """DiLoCo's accuracy on the convergence benchmark's task, simulated in one process, fast enough to sweep its settings.
 
-    python benchmarks/diloco_sim.py --run ddp:mode=ddp --run h8:H=8,outer_lr=0.7,outer_momentum=0.9 --seeds 0 1 2
+    python benchmarks/diloco_sim.py --run ddp:mode=ddp --run h4:H=4 --run paper-h8:H=8,outer_lr=0.7,outer_momentum=0.9 \
+        --seeds 0 1 2
     python benchmarks/diloco_sim.py --device cuda --jobs 8 --runs-file benchmarks/accuracy/diloco_sweep.txt \
         --seeds 0 1 2 --out runs/diloco_sim
 
@@ -15,11 +16,12 @@ forward and backward for all workers, one AdamW over the stack, which is element
 worker), and the allreduce is the mean over the workers' vectors (with `wire=bf16`, each hop of a ring narrowed to
 bfloat16 and summed in float32). tests/benchmarks/test_diloco_sim.py checks it against 8 separate models.
 
-A run is `NAME:key=value,...` (defaults in RUN_DEFAULTS): mode (diloco | ddp: one model on the global batch, as
-synchronous DDP | single: worker 0 alone), H, outer_lr, outer_momentum, sync_delay (1 to H, as DiLoCo accepts),
-lr (the inner peak learning rate), warmup (share of the steps), wire (fp32 | bf16), workers, batch (per worker),
-steps (the budget: 256 steps of 8 x 8 images is convergence.py's), sync_steps (that many first steps synchronous,
-the workers' gradients averaged as by DDP, before DiLoCo starts from the weights they reached: post-local SGD).
+A run is `NAME:key=value,...` (defaults in RUN_DEFAULTS; the outer step's are the product's): mode (diloco | ddp:
+one model on the global batch, as synchronous DDP | single: worker 0 alone), H, outer_lr, outer_momentum, sync_delay
+(1 to H, as DiLoCo accepts), lr (the inner peak learning rate), warmup (share of the steps), wire (fp32 | bf16),
+workers, batch (per worker), steps (the budget: 256 steps of 8 x 8 images is convergence.py's), sync_steps (that
+many first steps synchronous, the workers' gradients averaged as by DDP, before DiLoCo starts from the weights they
+reached: post-local SGD). docs/diloco.md ("What DiLoCo costs in accuracy") has the sweep's results.
 
 Output in --out: results.csv (a row per run and seed as it ends: the final validation accuracy and loss of the
 anchor, i.e. of what every rank holds after `finish()`; a run and seed already there is not run again, so a sweep
@@ -47,12 +49,12 @@ import torch.nn.functional as F  # noqa: E402
 from accuracy.rank import VAL_BATCH, GlobalBatchSampler  # noqa: E402
 from accuracy.task import GlyphTask, load  # noqa: E402
 from convergence import DEFAULT_MODEL_KWARGS, TASK_DEFAULTS  # noqa: E402
-from lightning_mccl.diloco import DiLoCo, check_settings  # noqa: E402
+from lightning_mccl.diloco import OUTER_LR, OUTER_MOMENTUM, DiLoCo, check_settings  # noqa: E402
 from lightning_mccl.recipes.vit import warmup_cosine  # noqa: E402
 from sweep import report  # noqa: E402
 
-RUN_DEFAULTS = {"mode": "diloco", "H": 8, "outer_lr": 0.7, "outer_momentum": 0.9, "sync_delay": 1, "lr": 1e-3,
-                "warmup": 0.1, "wire": "fp32", "workers": 8, "batch": 8, "steps": 256, "sync_steps": 0}
+RUN_DEFAULTS = {"mode": "diloco", "H": 8, "outer_lr": OUTER_LR, "outer_momentum": OUTER_MOMENTUM, "sync_delay": 1,
+                "lr": 1e-3, "warmup": 0.1, "wire": "fp32", "workers": 8, "batch": 8, "steps": 256, "sync_steps": 0}
 MODES, WIRES = ("diloco", "ddp", "single"), ("fp32", "bf16")
 CLASSES, IMAGE, PATCH, WEIGHT_DECAY, LABEL_SMOOTHING = 32, 16, 4, 0.05, 0.1  # convergence.py's and the recipe's
 FIELDS = ["name", "seed", "final_acc", "final_loss", "seconds", "device", "setting"]

@@ -129,11 +129,11 @@ def parse(text: str) -> List[DDPSeries]:
         if hook == "int8" and backend != "mccl":
             raise ValueError(f"series {item!r}: the int8 hook is mccl's 8-bit allreduce (use mccl+int8)")
         if hook == DILOCO:
-            from lightning_mccl.diloco import check_settings
+            from lightning_mccl.diloco import OUTER_LR, OUTER_MOMENTUM, check_settings
 
             if "H" not in outer or ddp:
                 raise ValueError(f"series {item!r}: DiLoCo takes H=STEPS (and delay=STEPS), no DDP settings")
-            check_settings(outer["H"], 0.7, 0.9, outer.get("delay", 1), f"series {item!r}: DiLoCo")
+            check_settings(outer["H"], OUTER_LR, OUTER_MOMENTUM, outer.get("delay", 1), f"series {item!r}: DiLoCo")
             out.append(DDPSeries(label, backend, WIRE.get(wire, ""), "", {}, tuple(sorted(env.items())),
                                  outer["H"], outer.get("delay", 1)))
             continue

@@ -1,7 +1,7 @@
 """DiLoCo: local training with an outer sync that overlaps compute (Douillard et al., arXiv 2311.08105), for raw
 torch and for `MCCLStrategy(sync="diloco")`. No Lightning here.
 
-    outer = DiLoCo(model, sync_every=32, averaging=AllreduceMean(outer_group({"MCCL_WIRE_DTYPE": "bf16"})))
+    outer = DiLoCo(model, sync_every=4, averaging=AllreduceMean(outer_group({"MCCL_WIRE_DTYPE": "bf16"})))
     outer.broadcast()                  # every rank starts from rank 0's weights: the first anchor
     for x, y in data:                  # no gradient allreduce: the model is not wrapped in DDP
         loss_fn(model(x), y).backward()
@@ -24,7 +24,7 @@ so w_i = new anchor + what the rank learnt in the tau steps since the round's en
 pseudo-gradient is again exactly the rank's progress over its round. tau = H applies each outer step one round
 late (the most time for the allreduce); tau = 1 the soonest (the least staleness). Floating-point buffers
 (BatchNorm statistics) travel in the same allreduce and are replaced by their average. docs/diloco.md says why
-this overlap and not Streaming DiLoCo's fragments, and how to choose H, tau and the outer learning rate.
+this overlap and not Streaming DiLoCo's fragments, and how to choose H, tau and the outer step.
 
 **State.** `state_dict()` holds the anchor, the outer momentum, the position in the round and the average of a
 sync not yet applied (waiting for it, which a checkpoint may do at any step: applying stays tau steps after the
@@ -48,6 +48,11 @@ import torch
 import torch.distributed as dist
 
 LOCAL_KEYS = ("own", "averaging")  # state_dict entries that differ between ranks
+# The outer step's defaults: plain averaging of the ranks' progress every round (local SGD). The DiLoCo paper's
+# Nesterov 0.7 / 0.9 (for H = 500) lost far more at H = 2-32 (docs/diloco.md, "Choosing H, tau and the learning
+# rates for 2-24 Macs").
+OUTER_LR = 1.0
+OUTER_MOMENTUM = 0.0
 
 
 class InFlight(Protocol):
@@ -119,16 +124,17 @@ class DiLoCo:
 
     Args:
         sync_every: inner optimizer steps per round (H), at least 1.
-        outer_lr, outer_momentum: the outer Nesterov SGD step's learning rate (> 0) and momentum (0 <= mu < 1).
+        outer_lr, outer_momentum: the outer Nesterov SGD step's learning rate (> 0) and momentum (0 <= mu < 1);
+            the defaults, 1 and 0, replace the anchor by the ranks' average.
         sync_delay: inner steps between a round's end and its outer step (tau), 1 to sync_every.
         averaging: how the pseudo-gradients are averaged (default: AllreduceMean on the default group).
         group: the group `broadcast` runs on (default: averaging's group if it has one, else the default group).
         owner: named in the errors (the Lightning strategy passes "MCCLStrategy").
     """
 
-    def __init__(self, model: torch.nn.Module, sync_every: int, *, outer_lr: float = 0.7, outer_momentum: float = 0.9,
-                 sync_delay: int = 1, averaging: Optional[Averaging] = None, group: Optional[Any] = None,
-                 owner: str = "DiLoCo") -> None:
+    def __init__(self, model: torch.nn.Module, sync_every: int, *, outer_lr: float = OUTER_LR,
+                 outer_momentum: float = OUTER_MOMENTUM, sync_delay: int = 1, averaging: Optional[Averaging] = None,
+                 group: Optional[Any] = None, owner: str = "DiLoCo") -> None:
         check_settings(sync_every, outer_lr, outer_momentum, sync_delay, owner)
         self.model, self.owner = model, owner
         self.sync_every, self.sync_delay = sync_every, sync_delay

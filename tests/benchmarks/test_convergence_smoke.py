@@ -71,16 +71,16 @@ def _outcome(name, accs_by_seed, max_loss=None):
 def test_statistics_pair_seeds_and_judge_targets():
     ref = _outcome("ddp-fp32", {0: [0.70, 0.70], 1: [0.72, 0.72], 2: [0.68, 0.68]})
     close = _outcome("int8", {0: [0.699, 0.699], 1: [0.719, 0.719], 2: [0.681, 0.681]}, 0.5)
-    far = _outcome("diloco-h8", {0: [0.66, 0.68], 1: [0.70, 0.70], 2: [0.65, 0.65]}, 1.0)
+    far = _outcome("diloco-h4", {0: [0.66, 0.68], 1: [0.70, 0.70], 2: [0.65, 0.65]}, 1.0)
     st = summary.compare([ref, close, far])
     # paired by seed: the seeds' common swing (0.68-0.72) is no noise for the difference
     assert st["int8"].delta_pts == pytest.approx(-0.0333, abs=1e-3)
     assert st["int8"].noise_pts < 0.2 and st["int8"].verdict == "met (target >= -0.5 pts)"
     assert summary.within_noise(st["int8"]) == "yes"
     # the ranks' mean per seed (0.67 at seed 0), a spread between ranks, differences -3, -2 and -3 points
-    assert st["diloco-h8"].finals[0] == pytest.approx(0.67) and st["diloco-h8"].rank_spread == pytest.approx(0.02)
-    assert st["diloco-h8"].delta_pts == pytest.approx(-2.6667, abs=1e-3)
-    assert st["diloco-h8"].verdict.startswith("missed by 1.67 pts")
+    assert st["diloco-h4"].finals[0] == pytest.approx(0.67) and st["diloco-h4"].rank_spread == pytest.approx(0.02)
+    assert st["diloco-h4"].delta_pts == pytest.approx(-2.6667, abs=1e-3)
+    assert st["diloco-h4"].verdict.startswith("missed by 1.67 pts")
     assert summary.verdict(-0.8, 0.5, 1.0).startswith("unresolved")
     assert summary.verdict(-0.4, None, 0.5).startswith("met (target >= -0.5 pts; one seed")
 
@@ -88,9 +88,10 @@ def test_statistics_pair_seeds_and_judge_targets():
 def test_step_times_and_budget(tmp_path):
     import convergence
 
-    chosen = methods.select(["int8", "diloco-h8"])
-    assert [m.name for m in chosen] == ["ddp-fp32", "int8", "diloco-h8"]  # the reference always runs
-    assert methods.diloco_periods(methods.select(None)) == [8, 32]
+    chosen = methods.select(["int8", "diloco-h4"])
+    assert [m.name for m in chosen] == ["ddp-fp32", "int8", "diloco-h4"]  # the reference always runs
+    assert methods.diloco_periods(methods.select(None)) == [2, 4]
+    assert convergence.plan_steps(16384, 64, 8, [2, 4]) == (256, 32)
     assert convergence.plan_steps(16384, 64, 8, [8, 32]) == (256, 32)
     assert convergence.plan_steps(1000, 10, 3, []) == (99, 33)
     times = step_times.resolve(chosen, [], [])

@@ -351,6 +351,23 @@ def test_diloco_arguments():
     assert MCCLStrategy()._diloco_config is None and MCCLStrategy().sync == "ddp"
 
 
+def test_diloco_defaults_are_plain_averaging_in_every_place_that_shows_them():
+    """outer_lr=1, outer_momentum=0 (docs/diloco.md): in the strategy's signature (what LightningCLI shows and
+    reads), in what a strategy built without them holds, and in the raw-torch DiLoCo's signature."""
+    import inspect
+
+    from lightning_mccl.diloco import DiLoCo
+    from lightning_mccl.lightning import MCCLStrategy
+
+    for fn in (MCCLStrategy.__init__, DiLoCo.__init__):
+        params = inspect.signature(fn).parameters
+        assert (params["outer_lr"].default, params["outer_momentum"].default, params["sync_delay"].default) \
+            == (1.0, 0.0, 1), fn
+    cfg = MCCLStrategy(sync="diloco", sync_every=4)._diloco_config
+    assert (cfg.outer_lr, cfg.outer_momentum, cfg.sync_delay) == (1.0, 0.0, 1)
+    assert MCCLStrategy(outer_lr=1.0, outer_momentum=0.0, sync_delay=1).sync == "ddp"  # the defaults, not settings
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(sync="local"), "MCCLStrategy(sync='local'): expected one of ('ddp', 'diloco')"),
     (dict(sync="diloco"), "MCCLStrategy(sync='diloco') needs sync_every=H, the training batches per round"),

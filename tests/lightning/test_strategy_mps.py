@@ -216,5 +216,5 @@ def test_the_diloco_fleet_config_instantiates_through_lightning_cli(mps_stand_in
     assert type(strategy) is MCCLStrategy and isinstance(cli.trainer.accelerator, MPSAccelerator)
     assert cli.trainer.num_nodes == 24
     assert (strategy.sync, strategy.sync_every, strategy.sync_delay, strategy.outer_lr, strategy.outer_momentum,
-            strategy.compress) == ("diloco", 8, 1, 0.7, 0.9, "bf16")
+            strategy.compress) == ("diloco", 4, 1, 1.0, 0.0, "bf16")
     assert strategy._diloco_config.wire == "bf16" and strategy._timeout == timedelta(seconds=600)

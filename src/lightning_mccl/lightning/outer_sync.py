@@ -1,6 +1,6 @@
 """`MCCLStrategy(sync="diloco")`: the Lightning side of DiLoCo (the algorithm is `lightning_mccl.diloco`).
 
-    trainer = Trainer(strategy=MCCLStrategy(sync="diloco", sync_every=32, compress="bf16"), num_nodes=24)
+    trainer = Trainer(strategy=MCCLStrategy(sync="diloco", sync_every=4, compress="bf16"), num_nodes=24)
 
 - **Arguments** (`settings`): `sync_every` counts training batches per round, so with `accumulate_grad_batches=k`
   a round is sync_every / k inner optimizer steps and k must divide it. `compress` is the pseudo-gradients' wire
@@ -34,7 +34,7 @@ from . import compress as _compress
 SYNC = ("ddp", "diloco")
 WIRE = (None, "bf16", "fp16", "int8")  # compress under sync="diloco": the pseudo-gradients' wire type
 EIGHT_BIT = "int8"  # not a group's wire type: the engine's 8-bit allreduce, called as such (diloco.Int8Mean)
-DEFAULTS = {"outer_lr": 0.7, "outer_momentum": 0.9, "sync_delay": 1}
+DEFAULTS = {"outer_lr": diloco.OUTER_LR, "outer_momentum": diloco.OUTER_MOMENTUM, "sync_delay": 1}
 SHARED, LOCAL = "diloco", "diloco_local"  # checkpoint keys
 OWNER = "MCCLStrategy"
 

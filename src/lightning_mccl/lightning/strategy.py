@@ -2,7 +2,7 @@
 
     trainer = Trainer(strategy="mccl", num_nodes=24)                    # one process per Mac, MPS
     trainer = Trainer(strategy=MCCLStrategy(compress="bf16"), num_nodes=24)
-    trainer = Trainer(strategy=MCCLStrategy(sync="diloco", sync_every=32, compress="bf16"), num_nodes=24)
+    trainer = Trainer(strategy=MCCLStrategy(sync="diloco", sync_every=4, compress="bf16"), num_nodes=24)
 
 It is `DDPStrategy` with `process_group_backend="mccl"`, overriding only what stops DDP on MPS in
 Lightning 2.6 (`lightning.pytorch.strategies.ddp`):
@@ -42,6 +42,7 @@ from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
+from ..diloco import OUTER_LR, OUTER_MOMENTUM
 from ..options import Options
 from . import comm_metrics, mps_gate, names, outer_sync
 from . import compress as _compress
@@ -80,10 +81,10 @@ class MCCLStrategy(DDPStrategy):
             group (docs/settings.md). The wire type is `compress`'s, not an option: the strategy adds it to the
             same pg_options and never sets the environment variable.
         sync: "ddp" (default): every step's gradients all-reduced. "diloco": DiLoCo (docs/diloco.md): each rank
-            trains on its own for sync_every batches, then an outer Nesterov step (outer_lr, outer_momentum)
-            moves the weights every rank shares by the average of their progress, sync_delay optimizer steps
-            later, while training goes on; `compress` is then the pseudo-gradients' wire type ("bf16", "fp16";
-            None: float32).
+            trains on its own for sync_every batches, then an outer Nesterov step (outer_lr, outer_momentum;
+            the defaults, 1 and 0, are plain averaging) moves the weights every rank shares by the average of
+            their progress, sync_delay optimizer steps later, while training goes on; `compress` is then the
+            pseudo-gradients' wire type ("bf16", "fp16", "int8"; None: float32).
     """
 
     strategy_name = "mccl"
@@ -112,8 +113,8 @@ class MCCLStrategy(DDPStrategy):
         options: Optional[Union[Options, Mapping[str, object]]] = None,
         sync: Literal["ddp", "diloco"] = "ddp",
         sync_every: Optional[int] = None,
-        outer_lr: float = 0.7,
-        outer_momentum: float = 0.9,
+        outer_lr: float = OUTER_LR,
+        outer_momentum: float = OUTER_MOMENTUM,
         sync_delay: int = 1,
         **kwargs: Any,
     ) -> None:

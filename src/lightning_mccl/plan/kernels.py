@@ -44,6 +44,8 @@ def elementwise(clock, numel: int, repeats: int, wait) -> Dict[str, List[float]]
     """Seconds per float32 byte of each elementwise kernel, per repeat."""
     import torch
 
+    from ..diloco import OUTER_LR, OUTER_MOMENTUM
+
     dev = clock.device
     grad = torch.randn(numel, device=dev)
     half = torch.empty(numel, device=dev, dtype=torch.bfloat16)
@@ -51,8 +53,8 @@ def elementwise(clock, numel: int, repeats: int, wait) -> Dict[str, List[float]]
     mean = torch.randn(numel, device=dev)
 
     def outer_step():
-        momentum.mul_(0.9).add_(mean)
-        update = torch.add(mean, momentum, alpha=0.9).mul_(0.7)
+        momentum.mul_(OUTER_MOMENTUM).add_(mean)  # the same passes at any lr and momentum (diloco.DiLoCo._apply)
+        update = torch.add(mean, momentum, alpha=OUTER_MOMENTUM).mul_(OUTER_LR)
         anchor.sub_(update)
         grad.add_(delta).sub_(update)
 

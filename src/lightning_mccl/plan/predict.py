@@ -21,7 +21,8 @@ BUCKET_MB = 5.0
 POWERSGD_BUCKET_MB = 1000.0
 INT8_BUCKET_MB = 25.0
 POWERSGD_RANK = 1
-# DiLoCo's inner steps per outer sync (configs/vit_fleet24_diloco.yaml's): give the H you train with.
+# DiLoCo's inner steps per outer sync that the plan assumes unless told (docs/scaling.md's tables): give the H
+# you train with (configs/vit_fleet24_diloco.yaml trains with 4).
 SYNC_EVERY = 8
 
 
