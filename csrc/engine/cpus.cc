@@ -83,12 +83,14 @@ unsigned affinity_cpus() {
 #endif
 }
 
+#if defined(__linux__)
 std::string read_file(const std::string& path) {
   std::ifstream in(path);
   std::ostringstream text;
   text << in.rdbuf();
   return in ? text.str() : std::string();
 }
+#endif
 
 }  // namespace
 

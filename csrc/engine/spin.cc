@@ -39,7 +39,7 @@ void SpinPolicy::learn(std::chrono::nanoseconds waited, bool descheduled) {
     budget /= 2;
   } else {
     const int64_t w = waited.count();
-    const int64_t target = w <= kCeiling.count() ? std::min(kCeiling.count(), 2 * w) : 0;
+    const int64_t target = w <= kCeiling.count() ? std::min<int64_t>(kCeiling.count(), 2 * w) : 0;
     budget += (target - budget) / 4;
   }
   budget_ns_.store(budget, std::memory_order_relaxed);  // concurrent waits may lose an update: harmless
