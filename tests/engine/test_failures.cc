@@ -131,8 +131,9 @@ TEST(dead_peer_fails_neighbours_fast_and_later_calls_rethrow) {
     std::vector<float> buf(1 << 16, 1.0f);
     comm.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum)->wait();
     if (rank == 2) {
-      // Its wait() ends when its own result is complete; its last pieces for the others may still be queued in
-      // the sender. Dying after they left is the case under test, so give them time to go.
+      // Its wait() ends when its own result is complete, while the others may still be receiving their last
+      // pieces (from each other); its abort tells every peer at once and would fail their first allreduce too.
+      // Dying after that allreduce is the case under test, so give them time to finish it.
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       comm.abort();  // closes its sockets, as a crashed process would
       return;
