@@ -241,8 +241,7 @@ WorkPtr Communicator::allreduce_int8_blocks(char* blocks, size_t count, ReduceOp
 
 WorkPtr Communicator::barrier(Callback done, StartAfter start_after) {
   check_usable();
-  return enqueue(CollectiveKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, 0,
-                 wire_of_setting(CollectiveKind::kBarrier, DataType::kUInt8),
+  return enqueue(CollectiveKind::kBarrier, DataType::kUInt8, ReduceOp::kSum, 0, 0, Wire{},
                  [](Collective& c) { mccl::barrier(c); }, std::move(done), std::move(start_after));
 }
 
