@@ -1,15 +1,14 @@
 """`mccl plan`'s predictions against the fleet stand-in's measured steps (benchmarks/fleet_ddp.py).
 
     python benchmarks/plan_vs_measured.py --measured runs/fleet_h4 runs/fleet_h8 runs/fleet_h16 \
-        --profile b8_share4.json --profile b8_share8.json ... --out runs/plan_vs_measured
+        --profile b8_share4.json b8_share8.json ... --out runs/plan_vs_measured
 
 Every mccl row of the fleet_ddp result folders (their results.csv) is one of the plan's methods, read from the
 row itself: DDP (no hook), torch's bf16 hook, the int8 hook, PowerSGD (its rank: --powersgd-rank, as fleet_ddp
 ran it), DiLoCo (its H, delay and wire type from the row); its bucket size from its DDP options (DDP's own
 default when none). Rows of other kinds (Gloo, the engine's bf16 wire under DDP) are left out; --series keeps
 only the labels given. For each, with a profile of the same model and batch (`mccl plan --save-profile`; of
-those, the one measured with as many processes sharing the device as the row has hosts, else one measured
-alone), the plan predicts the step for that many hosts with the same code as `mccl plan`, twice:
+those, the one measured with the number of processes sharing the device nearest the row's hosts), the plan predicts the step for that many hosts with the same code as `mccl plan`, twice:
 
     profile   from the profile as measured (on the GPU host `--share-device N` for N hosts: the stand-in's N
               ranks share its GPU, so each computes slower than alone, and a bucket is ready when the
@@ -49,8 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="benchmarks/plan_vs_measured.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--measured", nargs="+", required=True, metavar="DIR", help="fleet_ddp.py --out folders")
-    p.add_argument("--profile", action="append", required=True, metavar="FILE",
-                   help="a profile per batch (mccl plan --save-profile); repeatable")
+    p.add_argument("--profile", nargs="+", action="extend", required=True, metavar="FILE",
+                   help="profiles (mccl plan --save-profile): for each row, the one of its batch whose --share-device "
+                        "is nearest its hosts")
     p.add_argument("--series", default="", help="only these series labels, comma-separated (default: every "
                                                     "mccl row that is one of the plan's methods)")
     p.add_argument("--rate", default="10gbit", help="the stand-in's link rate (default: %(default)s)")
@@ -122,9 +122,9 @@ def compare(args, profiles: dict, measured: list) -> list:
 
 
 def pick_profile(candidates: list, hosts: int):
-    """The profile measured with `hosts` processes sharing the device, else one measured alone, else None."""
-    by_share = {p.share_device: p for p in candidates}
-    return by_share.get(hosts, by_share.get(1))
+    """The profile measured with the number of processes sharing the device nearest `hosts` (the larger of
+    two as near), or None when there is none."""
+    return min(candidates, key=lambda p: (abs(p.share_device - hosts), -p.share_device), default=None)
 
 
 def judged_error(row: dict, judge: str):

@@ -33,7 +33,8 @@
 #   plan-profiles   mccl plan's profiles of ViT-B/16 on cuda, batch 8 and 32, with N processes sharing the GPU
 #                   for N in HOSTS (4 8 16), as the stand-in's N ranks (docs/scaling.md)
 #   plan-fleetN     the stand-in at N hosts, batch 32 and 8, every bucketed method of mccl plan (DDP, bf16
-#                   hook, int8, PowerSGD rank 1); plan-dilocoN: DiLoCo (DILOCO: mccl-bf16+diloco:H=8)
+#                   hook, int8, PowerSGD rank 1) and Gloo + bf16 hook; plan-dilocoN: DiLoCo (DILOCO:
+#                   mccl-bf16+diloco:H=8)
 # CONGESTION (cubic) is the emulated hosts' TCP congestion control; WIRE_RTOL (3e-2) the tolerance of the
 # wire types' results against float64.
 set -x
@@ -170,7 +171,7 @@ mccl:MCCL_RING_LOOKAHEAD_BYTES=512M:label=lookahead512M,gloo ;;
   plan-fleet[0-9]*)
     n=${experiment#plan-fleet}
     py 560 $F --hosts $n --steps 8 --batch 32 8 --powersgd-rank 1 --timeout $(T 560) --out "$R/plan_fleet$n" \
-      --series compute,mccl:bucket=5,mccl+bf16_hook:bucket=5,mccl+int8:bucket=5,mccl+powersgd_batched:bucket=1000 ;;
+      --series compute,mccl:bucket=5,mccl+bf16_hook:bucket=5,mccl+int8:bucket=25,mccl+powersgd_batched:bucket=1000,gloo+bf16_hook ;;
   plan-diloco[0-9]*)
     n=${experiment#plan-diloco}
     py 300 $F --hosts $n --warmup 8 --steps 24 --batch 32 8 --timeout $(T 300) --out "$R/plan_diloco$n" \

@@ -157,17 +157,21 @@ def test_each_bucketed_method_sends_its_bytes():
     c = BF16(1000).chain(bucket, prof)
     assert (c.collectives[0].nbytes, c.issued_s, c.after_s, c.hook) == (2 * numel, pytest.approx(4 * numel * 1e-9),
                                                                         pytest.approx(4 * numel * 2e-9), True)
-    # int8: a code per value and a float32 scale per 256, by the exchange, quantised in the engine
+    # int8: a code per value and a float32 scale per 256, by the exchange
     c = Int8(1000, codec_Bps=5e8).chain(bucket, prof)
     assert c.collectives[0].nbytes == numel + math.ceil(numel / 256) * 4 == int8_bytes(numel)
     assert (c.collectives[0].rate_Bps, c.collectives[0].exchange, c.issued_s, c.after_s, c.hook) == (
         5e8, True, 0.0, 0.0, True)
 
 
-def test_the_8_bit_exchange_takes_two_steps_whatever_the_size():
+def test_the_8_bit_exchange_takes_two_steps_whatever_the_size_at_its_measured_share_of_the_link():
     link = Link(GB, op_latency_s=0.0, step_latency_s=10e-6, hook_latency_s=0.0)
-    assert link.allreduce_s(8e6, 8, exchange=True) == pytest.approx(2 * 10e-6 + 14e6 / GB)
-    assert link.allreduce_s(1e3, 8, exchange=True) == pytest.approx(2 * 10e-6 + 1.75e3 / GB)
+    assert link.allreduce_s(8e6, 8, exchange=True) == pytest.approx(2 * 10e-6 + 14e6 / (0.70 * GB))
+    assert link.allreduce_s(1e3, 8, exchange=True) == pytest.approx(2 * 10e-6 + 1.75e3 / (0.70 * GB))
+    assert link.allreduce_s(8e6, 4, exchange=True) == pytest.approx(2 * 10e-6 + 12e6 / (0.89 * GB))
+    assert link.allreduce_s(8e6, 24, exchange=True) == pytest.approx(2 * 10e-6 + 2 * 23 / 24 * 8e6 / (0.70 * GB))
+    # a codec slower than that sets the rate
+    assert link.allreduce_s(8e6, 8, rate_Bps=0.5 * GB, exchange=True) == pytest.approx(2 * 10e-6 + 14e6 / (0.5 * GB))
 
 
 def test_powersgd_sends_the_uncompressed_tensors_then_p_then_q():
@@ -206,7 +210,7 @@ def test_diloco_hides_its_allreduce_behind_tau_steps_or_waits_for_it():
     assert bf16 == pytest.approx((0.04 + 0.0875 / 0.87 - 0.01) / 4)
     # int8: the exchange, a code per value and a scale per 256
     assert DiLoCo(4, wire="int8").timing(fast, 8, BARE).step_s == pytest.approx(
-        (0.04 + 1.75 * int8_bytes(25_000_000) / GB - 0.01) / 4)
+        (0.04 + 1.75 * int8_bytes(25_000_000) / (0.70 * GB) - 0.01) / 4)
     assert DiLoCo(4).timing(prof, 1, BARE).step_s == 0.31
     with pytest.raises(ValueError, match="sync_every must be at least 1"):
         DiLoCo(0)

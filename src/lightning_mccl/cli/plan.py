@@ -17,7 +17,7 @@ import re
 import time
 from typing import List, Optional, Sequence
 
-from ..plan.link import HOOK_LATENCY_S, OP_LATENCY_S, STEP_LATENCY_S, Link
+from ..plan.link import EXCHANGE_EFFICIENCY, HOOK_LATENCY_S, OP_LATENCY_S, STEP_LATENCY_S, Link
 from ..plan.methods import DILOCO_WIRES, METHODS
 from ..plan.predict import Settings, build_methods, predict
 from ..plan.profile import ProfileError, load, save
@@ -282,8 +282,11 @@ def assumptions(profile, link, args, settings, methods) -> List[str]:
         first = getattr(m, "first_cap_bytes", 0)
         first = f" (the first {first / MIB:g})" if first and first != m.cap_bytes else ""
         if m.name in ("ddp", "bf16", "int8"):
+            shares = ", ".join(f"{share:g} up to {ranks} hosts" if ranks else f"{share:g} above"
+                               for ranks, share in EXCHANGE_EFFICIENCY)
             how = {"int8": ", the 8-bit exchange at " + (format_rate(settings.int8_codec_Bps * 8) + " (given)"
-                                                          if settings.int8_codec_Bps else "the link's rate")}
+                                                          if settings.int8_codec_Bps else
+                                                          f"the share of the goodput the stand-in measured ({shares})")}
             lines.append(f"{m.name}: {len(m.buckets(profile))} buckets of {m.cap_bytes / MIB:g} MiB{first}, "
                          f"their allreduces overlapping the backward pass{how.get(m.name, '')}")
         elif m.name == "powersgd":

@@ -6,7 +6,8 @@ puts on each host's link at the link's TCP goodput, plus the engine's fixed cost
                        the engine's choice up to MCCL_RD_MAX_BYTES (docs/settings.md's table)
     exchange           the 8-bit allreduce's reduce-once exchange (docs/int8.md): each rank sends its part
                        of every segment to the segment's owner, then every owner its finished segment to
-                       every rank, all at once: 2 steps, 2(n-1)/n x S bytes
+                       every rank, all at once: 2 steps, 2(n-1)/n x S bytes, at exchange_efficiency(n) of
+                       the goodput
     time               op_latency + steps x step_latency + bytes / goodput
 
 `goodput` is TCP payload bytes per second on one host's link, each way: by default the line rate's goodput
@@ -38,6 +39,12 @@ STEP_LATENCY_S = 15e-6
 # the link's goodput on 8 hosts, its progress thread widening, adding and narrowing every piece
 # (docs/performance.md, *The stand-in on cubic*: 1.74-1.88x float32's busbw).
 BF16_WIRE_EFFICIENCY = 0.87
+# The share of the link's goodput that the 8-bit allreduce's reduce-once exchange (every rank sending to and
+# receiving from all others at once) carries in the stand-in's training step, by world size: the collectives'
+# engine part against their bytes at the link. Up to 4 hosts 0.89 (124 ms for 110, `h200_plan_vs_measured`'s
+# plan_fleet4, batch 8); above, 0.70 (185 ms for 129 at 8 hosts, `h200_fleet8_b8_int8dev_diloco`; 0.74 in
+# plan_fleet8). 16 hosts short of cores measured 0.53 (`h200_fleet16/b8`). docs/scaling.md.
+EXCHANGE_EFFICIENCY = ((4, 0.89), (None, 0.70))
 # MCCL_ALGO=auto: recursive doubling up to these sizes (bytes) at up to this many ranks, the ring above
 # (docs/settings.md, the algorithm table).
 RD_MAX_BYTES = ((4, 64 << 10), (8, 128 << 10), (16, 256 << 10), (None, 1 << 20))
@@ -64,7 +71,8 @@ class Link:
         link). 0 for one host: nothing to send."""
         if n < 2:
             return 0.0
-        rate = min(self.goodput_Bps, rate_Bps or self.goodput_Bps)
+        link = self.goodput_Bps * (exchange_efficiency(n) if exchange else 1.0)
+        rate = min(link, rate_Bps or link)
         steps, wire = (2, ring_bytes(nbytes, n)) if exchange else algorithm_steps(nbytes, n)
         return self.op_latency_s + (self.hook_latency_s if hook else 0.0) + steps * self.step_latency_s + wire / rate
 
@@ -76,6 +84,10 @@ def ring_bytes(nbytes: float, n: int) -> float:
 
 def rd_max_bytes(n: int) -> int:
     return next(limit for ranks, limit in RD_MAX_BYTES if ranks is None or n <= ranks)
+
+
+def exchange_efficiency(n: int) -> float:
+    return next(share for ranks, share in EXCHANGE_EFFICIENCY if ranks is None or n <= ranks)
 
 
 def algorithm_steps(nbytes: float, n: int):

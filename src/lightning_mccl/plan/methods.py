@@ -5,8 +5,8 @@
                on the device, half the bytes, cast back after
     int8       the engine's 8-bit allreduce with error feedback (`compress="int8"`, docs/int8.md): each bucket
                from a comm hook, as int8 codes with a float32 scale per 256 values (a quarter of the bytes and
-               1/64 more), by the reduce-once exchange; the engine quantises on the CPU as it sends, at the
-               link's rate (measured: 0.96-0.97 of what its bytes allow) unless its codec is given slower
+               1/64 more), by the reduce-once exchange, at the share of the link it was measured to carry
+               (link.exchange_efficiency) unless its codec is given slower
     powersgd   torch's powerSGD_hook at rank r (`compress="powersgd"`: one bucket, same-shaped matrices
                batched): per bucket a chain of three allreduces, the tensors it does not compress (float32),
                then the P matrices (sum of n x r), then, after orthogonalising P and computing Q on the

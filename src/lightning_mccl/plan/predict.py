@@ -21,9 +21,9 @@ BUCKET_MB = 5.0
 POWERSGD_BUCKET_MB = 1000.0
 INT8_BUCKET_MB = 25.0
 POWERSGD_RANK = 1
-# DiLoCo's inner steps per outer sync that the plan assumes unless told (docs/scaling.md's tables): give the H
-# you train with (configs/vit_fleet24_diloco.yaml trains with 4).
-SYNC_EVERY = 8
+# DiLoCo's inner steps per outer sync that the plan assumes unless told: configs/vit_fleet24_diloco.yaml's
+# (docs/diloco.md says why 4); give the H you train with.
+SYNC_EVERY = 4
 
 
 @dataclass(frozen=True)
