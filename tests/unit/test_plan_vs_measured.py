@@ -1,5 +1,5 @@
 """benchmarks/plan_vs_measured.py on a made-up fleet_ddp result folder: each row's method read from its columns,
-the profile shared by as many processes as the row has hosts chosen, both predictions against hand-computed
+the profile shared by the number of processes nearest the row's hosts chosen, both predictions against hand-computed
 steps, and the 10% verdict in the exit code."""
 from __future__ import annotations
 
@@ -51,6 +51,13 @@ def test_each_rows_method_comes_from_its_columns():
     for other in (row("gloo", backend="gloo"), row("compute", backend="none"), row("w", wire="bf16"),
                   row("p1", hook="powersgd"), row("f", hook="fp16_hook")):
         assert plan_vs_measured.method_of(other, 1) is None
+
+
+def test_each_row_takes_the_profile_shared_by_the_nearest_number_of_processes():
+    shares = [profile(n, 0.2) for n in (1, 4, 8)]
+    pick = lambda hosts: plan_vs_measured.pick_profile(shares, hosts).share_device  # noqa: E731
+    assert [pick(h) for h in (1, 2, 3, 4, 6, 8, 16, 24)] == [1, 1, 4, 4, 8, 8, 8, 8]  # 6: 4 and 8 as near, the larger
+    assert plan_vs_measured.pick_profile([], 8) is None
 
 
 def test_predictions_against_a_measured_folder(tmp_path, capsys):
