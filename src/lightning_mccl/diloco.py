@@ -36,7 +36,9 @@ peer: the engine's DistBackendError on every rank) raises before anything is app
 ranks and returns something whose `wait()` leaves the mean in it. `AllreduceMean` is one allreduce on a group;
 its wire type is the group's (`outer_group(settings)`: a dedicated mccl group, so that its allreduce neither
 queues behind nor holds up other collectives, with `MCCL_WIRE_DTYPE=bf16` the engine narrows on the wire and
-accumulates in float32). `Int8Mean` is the engine's 8-bit allreduce (`lightning_mccl.int8`) with error
+accumulates in float32). `CastMean` casts the vector to bf16 or fp16 on its device and allreduces that, as
+torch's compress hooks do a DDP bucket: on an accelerator the copies through host memory then move half the
+bytes too (the strategy's choice there, as for `compress="bf16"` under DDP). `Int8Mean` is the engine's 8-bit allreduce (`lightning_mccl.int8`) with error
 feedback: the residual of each round's quantisation is added to the next round's pseudo-gradient, and is part
 of this rank's state (`LOCAL_KEYS`). An averaging with `state_dict`/`load_state_dict` has them checkpointed.
 """
@@ -83,6 +85,36 @@ class _Sum:
     def wait(self) -> None:
         self.work.wait()
         self.flat.div_(self.size)
+
+
+class CastMean:
+    """The mean over `group`'s ranks by one asynchronous allreduce of the vector cast to `dtype` (torch.bfloat16
+    or torch.float16) on its own device, into a buffer kept between rounds: the engine sums 16-bit values (each
+    partial sum rounded once per hop, as MCCL_WIRE_DTYPE does for float32), and `wait()` widens the sum into the
+    vector and divides it there."""
+
+    def __init__(self, dtype: torch.dtype, group: Optional[Any] = None) -> None:
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"CastMean casts to torch.bfloat16 or torch.float16, not {dtype}")
+        self.dtype, self.group = dtype, group
+        self._half: Optional[torch.Tensor] = None
+
+    def start(self, flat: torch.Tensor) -> InFlight:
+        if self._half is None or self._half.shape != flat.shape or self._half.device != flat.device:
+            self._half = torch.empty_like(flat, dtype=self.dtype)
+        self._half.copy_(flat)
+        work = dist.all_reduce(self._half, group=self.group, async_op=True)
+        return _Widen(work, self._half, flat, dist.get_world_size(self.group))
+
+
+class _Widen(_Sum):
+    def __init__(self, work: Any, half: torch.Tensor, flat: torch.Tensor, size: int) -> None:
+        super().__init__(work, flat, size)
+        self.half = half
+
+    def wait(self) -> None:
+        self.work.wait()
+        self.flat.copy_(self.half).div_(self.size)
 
 
 class Int8Mean:

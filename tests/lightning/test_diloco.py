@@ -39,6 +39,7 @@ CONFIGS = {
     "round_late": (4, 4, 1.0, 0.5, "off", 14, 9),  # a whole round late; taken mid-round, sync in flight
     "bf16": (2, 2, 0.7, 0.9, "bf16", 8, None),
     "fp32_twin": (2, 2, 0.7, 0.9, "off", 8, None),
+    "bf16_cast": (2, 2, 0.7, 0.9, "cast", 8, None),  # CastMean: cast to bf16 first, as on an accelerator
     "int8": (2, 2, 0.7, 0.9, "int8", 8, 5),  # the same updates as fp32_twin; taken with round 3's sync in flight
 }
 
@@ -83,12 +84,13 @@ def schedule_worker(rank, world):
     import torch.distributed as dist
 
     import lightning_mccl
-    from lightning_mccl.diloco import AllreduceMean, DiLoCo, Int8Mean, outer_group
+    from lightning_mccl.diloco import AllreduceMean, CastMean, DiLoCo, Int8Mean, outer_group
 
     out = {}
     for name, (every, delay, lr, mu, wire, steps, taken) in CONFIGS.items():
-        group = outer_group({} if wire == "int8" else {"MCCL_WIRE_DTYPE": wire})
-        averaging = (lambda: Int8Mean(group)) if wire == "int8" else (lambda: AllreduceMean(group))
+        group = outer_group({} if wire in ("int8", "cast") else {"MCCL_WIRE_DTYPE": wire})
+        averaging = {"int8": lambda: Int8Mean(group),
+                     "cast": lambda: CastMean(torch.bfloat16, group)}.get(wire, lambda: AllreduceMean(group))
         model = Toy(seed=rank)  # different on every rank until the broadcast
         default_before = lightning_mccl.stats()["kinds"].get("allreduce", {}).get("calls", 0)
         outer = DiLoCo(model, every, outer_lr=lr, outer_momentum=mu, sync_delay=delay, averaging=averaging())
@@ -190,18 +192,20 @@ def test_the_anchor_follows_the_float64_schedule_and_is_the_same_on_every_rank(r
     assert moved > 0.05, "the anchor hardly moved: the schedule was not exercised"
 
 
-def test_bf16_pseudo_gradients_take_half_the_bytes_and_stay_within_bf16_rounding(ranks):
-    """The outer group's engine narrows the allreduce to bf16 on the wire and every rank still ends with the same
-    anchor. Error bound: each mean value rounded at most 3 times (3 ranks, u = 2^-8), so off by at most
-    3u max|delta|; the pseudo-gradients are the same in both runs (the inner updates do not depend on the
-    weights), and T rounds of Nesterov steps add at most lr T e / (1 - mu)."""
-    every, _, lr, mu, _, steps, _ = CONFIGS["bf16"]
-    bf16, fp32 = ranks[0]["bf16"], ranks[0]["fp32_twin"]
+@pytest.mark.parametrize("name", ["bf16", "bf16_cast"])
+def test_bf16_pseudo_gradients_take_half_the_bytes_and_stay_within_bf16_rounding(ranks, name):
+    """bf16: the outer group's engine narrows the allreduce to bf16 on the wire; bf16_cast: CastMean casts the
+    vector to bf16 first and the engine sums bf16 values. Either way every rank ends with the same anchor. Error
+    bound: the sum of 3 values, each contribution and each partial sum rounded once (u = 2^-8), is off by at most
+    3u M + 2u (3M) = 9u M, its mean by 3u M (M = max|delta|); the pseudo-gradients are the same in both runs (the
+    inner updates do not depend on the weights), and T rounds of Nesterov steps add at most lr T e / (1 - mu)."""
+    every, _, lr, mu, _, steps, _ = CONFIGS[name]
+    bf16, fp32 = ranks[0][name], ranks[0]["fp32_twin"]
     assert bf16["allreduces"] == fp32["allreduces"] == steps // every
     assert bf16["bytes"] * 2 == fp32["bytes"] > 0
     for r in range(WORLD):
-        assert np.array_equal(ranks[r]["bf16"]["anchors"], bf16["anchors"])
-    deltas = [sum(torch.cat([u[0], u[1].reshape(-1)]) for u in (inner_update("bf16", s, r)
+        assert np.array_equal(ranks[r][name]["anchors"], bf16["anchors"])
+    deltas = [sum(torch.cat([u[0], u[1].reshape(-1)]) for u in (inner_update(name, s, r)
                                                               for s in range(k * every + 1, (k + 1) * every + 1)))
               for k in range(steps // every) for r in range(WORLD)]
     bound = lr * (steps // every) * 3 * 2.0**-8 * max(float(d.abs().max()) for d in deltas) / (1 - mu)
