@@ -68,10 +68,14 @@ def _wrap(s: DDPSeries, model, group, spec: dict):
 
 
 def _outer(s: DDPSeries, model, group):
-    """The DiLoCo of a DiLoCo series, every rank starting from rank 0's weights."""
-    from lightning_mccl.diloco import AllreduceMean, DiLoCo
+    """The DiLoCo of a DiLoCo series, every rank starting from rank 0's weights, averaging as MCCLStrategy(
+    sync="diloco", compress=<the series' wire type>) does on the model's device (16 bits on an accelerator: cast
+    on the device)."""
+    from lightning_mccl.diloco import DiLoCo, averaging_for
 
-    outer = DiLoCo(model, s.sync_every, sync_delay=s.sync_delay, averaging=AllreduceMean(group))
+    wire = s.wire or None  # "bf16", "fp16" (the series' MCCL_WIRE_DTYPE) or None
+    averaging = averaging_for(wire, group, next(model.parameters()).device)
+    outer = DiLoCo(model, s.sync_every, sync_delay=s.sync_delay, averaging=averaging)
     outer.broadcast()
     return outer
 

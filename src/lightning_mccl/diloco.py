@@ -140,6 +140,20 @@ class Int8Mean:
         self.feedback.load_state_dict(dict(state))
 
 
+HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}  # the 16-bit wire types and what they cast to
+
+
+def averaging_for(wire: Optional[str], group: Any, device: torch.device) -> Averaging:
+    """The averaging `MCCLStrategy(sync="diloco", compress=wire)` uses for vectors on `device` over `group`: the
+    8-bit allreduce for "int8"; for "bf16"/"fp16" on an accelerator, the cast on the device (CastMean); else one
+    allreduce, which on the CPU the group's MCCL_WIRE_DTYPE narrows on the wire."""
+    if wire == "int8":
+        return Int8Mean(group)
+    if wire in HALF and device.type != "cpu":
+        return CastMean(HALF[wire], group)
+    return AllreduceMean(group)
+
+
 def outer_group(settings: Optional[Mapping[str, str]] = None, backend: str = "mccl") -> Any:
     """A new process group of every rank for the outer allreduce (collective: every rank calls it). Over mccl,
     `settings` (MCCL_* variables, e.g. {"MCCL_WIRE_DTYPE": "bf16"}) become its pg_options."""

@@ -84,13 +84,17 @@ def schedule_worker(rank, world):
     import torch.distributed as dist
 
     import lightning_mccl
-    from lightning_mccl.diloco import AllreduceMean, CastMean, DiLoCo, Int8Mean, outer_group
+    from lightning_mccl.diloco import AllreduceMean, CastMean, DiLoCo, Int8Mean, averaging_for, outer_group
 
     out = {}
     for name, (every, delay, lr, mu, wire, steps, taken) in CONFIGS.items():
         group = outer_group({} if wire in ("int8", "cast") else {"MCCL_WIRE_DTYPE": wire})
         averaging = {"int8": lambda: Int8Mean(group),
                      "cast": lambda: CastMean(torch.bfloat16, group)}.get(wire, lambda: AllreduceMean(group))
+        # the strategy's choice for these vectors (CPU): the wire path for 16 bits, the cast on an accelerator
+        chosen = type(averaging_for(None if wire in ("off", "cast") else wire, group, torch.device("cpu")))
+        assert chosen is {"int8": Int8Mean}.get(wire, AllreduceMean), (name, chosen)
+        assert type(averaging_for("bf16", group, torch.device("meta"))) is CastMean
         model = Toy(seed=rank)  # different on every rank until the broadcast
         default_before = lightning_mccl.stats()["kinds"].get("allreduce", {}).get("calls", 0)
         outer = DiLoCo(model, every, outer_lr=lr, outer_momentum=mu, sync_delay=delay, averaging=averaging())

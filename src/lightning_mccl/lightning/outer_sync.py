@@ -5,7 +5,7 @@
 - **Arguments** (`settings`): `sync_every` counts training batches per round, so with `accumulate_grad_batches=k`
   a round is sync_every / k inner optimizer steps and k must divide it. `compress` is the pseudo-gradients' wire
   type: "bf16" or "fp16" (on the CPU the engine narrows them on the wire, accumulating in float32; on an
-  accelerator they are cast on the device, `diloco.CastMean`, as compress="bf16" does under DDP, so that the
+  accelerator they are cast on the device, `diloco.averaging_for`, as compress="bf16" does under DDP, so that the
   staging copies move half the bytes too), "int8" (the engine's
   8-bit allreduce with error feedback, docs/int8.md); None: float32 (unless MCCL_WIRE_DTYPE in the environment
   says otherwise, as for any group). Settings
@@ -37,7 +37,6 @@ from . import compress as _compress
 SYNC = ("ddp", "diloco")
 WIRE = (None, "bf16", "fp16", "int8")  # compress under sync="diloco": the pseudo-gradients' wire type
 EIGHT_BIT = "int8"  # not a group's wire type: the engine's 8-bit allreduce, called as such (diloco.Int8Mean)
-HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}  # what a 16-bit wire type casts to on an accelerator
 DEFAULTS = {"outer_lr": diloco.OUTER_LR, "outer_momentum": diloco.OUTER_MOMENTUM, "sync_delay": 1}
 SHARED, LOCAL = "diloco", "diloco_local"  # checkpoint keys
 OWNER = "MCCLStrategy"
@@ -127,9 +126,8 @@ class OuterSync:
         wire = None if eight_bit else config.wire
         group_settings = {**options, **_compress.wire_settings(wire, None)} if backend == "mccl" else {}
         self.group = diloco.outer_group(group_settings, backend)
-        averaging = diloco.Int8Mean(self.group) if eight_bit else diloco.AllreduceMean(self.group)
-        if wire in _compress.WIRE and backend == "mccl" and _device_type(module) != "cpu":
-            averaging = diloco.CastMean(HALF[wire], self.group)
+        device = next((p.device for p in module.parameters()), torch.device("cpu"))
+        averaging = diloco.averaging_for(config.wire, self.group, device)
         self.diloco = diloco.DiLoCo(module, steps, outer_lr=config.outer_lr, outer_momentum=config.outer_momentum,
                                     sync_delay=config.sync_delay, averaging=averaging, owner=OWNER)
         if resume is not None:
@@ -151,10 +149,6 @@ class OuterSync:
             return None
         return {"state_dict": checkpoint["state_dict"], "optimizer_states": checkpoint.get("optimizer_states"),
                 LOCAL: local}
-
-
-def _device_type(module: Any) -> str:
-    return next((p.device.type for p in module.parameters()), "cpu")
 
 
 def own_file(checkpoint_path: Any, rank: int) -> str:
