@@ -9,7 +9,8 @@
 # log.txt and leaves what it measured.
 #
 # Experiments, and the variables that change them (defaults in parentheses):
-#   cuda-tests      the CUDA tests, the 8-bit codec's on the device among them (TESTS: more test files)
+#   cuda-tests      the CUDA tests, the 8-bit codec's and DiLoCo's 16-bit cast on the device among them (TESTS:
+#                   more test files)
 #   fleet8 fleet16  the fleet stand-in, N ranks each on an emulated 10 Gbit/s host, ViT-B/16 on the shared GPU
 #                   (BATCH 8, STEPS 12, SERIES: the strategy's choices, Gloo, and DDP's 25 MB buckets)
 #   powersgd        PowerSGD as the strategy runs it (one bucket, batched) at rank 1 and 4 (BATCH 8)
@@ -80,7 +81,7 @@ for experiment in "$@"; do
   cuda-tests)
     tests cuda_tests 240 tests/torch/test_cuda_no_stall.py tests/torch/test_cuda_staging.py \
       tests/torch/test_cuda_in_place.py tests/torch/test_chained_hooks.py tests/torch/test_wire_compression.py \
-      tests/torch/test_int8_codec.py tests/torch/test_int8.py ${TESTS:-} ;;
+      tests/torch/test_int8_codec.py tests/torch/test_int8.py tests/lightning/test_diloco.py ${TESTS:-} ;;
   fleet[0-9]*)
     n=${experiment#fleet}
     py 300 $F --hosts $n --steps ${STEPS:-12} --batch ${BATCH:-8} --timeout $(T 300) --out "$R/fleet${n}_b${BATCH:-8}" \

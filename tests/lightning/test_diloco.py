@@ -6,7 +6,8 @@ round's end; the outer step as torch's SGD with nesterov=True computes it):
   the outer momentum and learning rate of each; identical bits on every rank; buffers replaced by their mean;
   every rank holding the anchor after finish();
 - one allreduce per round on the outer group, nothing on the default group while training, and half the
-  bytes with MCCL_WIRE_DTYPE=bf16 in the outer group's settings; with the 8-bit allreduce (Int8Mean) about a
+  bytes with MCCL_WIRE_DTYPE=bf16 in the outer group's settings, and with CastMean's cast to bf16 (on CUDA where
+  there is one, as the strategy does on an accelerator); with the 8-bit allreduce (Int8Mean) about a
   quarter, within its bound of the float32 run, its residual carried from round to round and in state_dict();
 - a DiLoCo rebuilt from state_dict() taken mid-round, with a sync in flight, ends bit-identical to the
   uninterrupted run;
@@ -42,6 +43,9 @@ CONFIGS = {
     "bf16_cast": (2, 2, 0.7, 0.9, "cast", 8, None),  # CastMean: cast to bf16 first, as on an accelerator
     "int8": (2, 2, 0.7, 0.9, "int8", 8, 5),  # the same updates as fp32_twin; taken with round 3's sync in flight
 }
+# Configs whose model lives on CUDA where there is one (the GPU host's run.sh cuda-tests runs this file): the
+# cast and its staging on the device; elsewhere they run on the CPU.
+ON_DEVICE = ("bf16_cast",)
 
 
 class Toy(torch.nn.Module):
@@ -66,18 +70,24 @@ def inner_update(config: str, step: int, rank: int):
 
 
 def train(model, outer, config, first, last, rank):
-    """Inner steps first..last (1-based) on `model`, each followed by outer.step(); the anchor after each."""
+    """Inner steps first..last (1-based) on `model`, each followed by outer.step(); the anchor after each (on
+    the CPU)."""
     anchors = []
+    device = model.a.device
     for step in range(first, last + 1):
-        da, db, stat = inner_update(config, step, rank)
+        da, db, stat = (u.float().to(device) for u in inner_update(config, step, rank))
         with torch.no_grad():
-            model.a.add_(da.float())
-            model.b.add_(db.float())
-            model.stat.mul_(0.5).add_(stat.float(), alpha=0.5)
+            model.a.add_(da)
+            model.b.add_(db)
+            model.stat.mul_(0.5).add_(stat, alpha=0.5)
             model.count.add_(1)
         outer.step()
-        anchors.append(outer.anchor.clone())
+        anchors.append(outer.anchor.cpu().clone())
     return anchors
+
+
+def on_cpu(state):
+    return {k: v.cpu().clone() for k, v in state.items()}
 
 
 def schedule_worker(rank, world):
@@ -91,19 +101,21 @@ def schedule_worker(rank, world):
         group = outer_group({} if wire in ("int8", "cast") else {"MCCL_WIRE_DTYPE": wire})
         averaging = {"int8": lambda: Int8Mean(group),
                      "cast": lambda: CastMean(torch.bfloat16, group)}.get(wire, lambda: AllreduceMean(group))
-        # the strategy's choice for these vectors (CPU): the wire path for 16 bits, the cast on an accelerator
+        device = torch.device("cuda" if name in ON_DEVICE and torch.cuda.is_available() else "cpu")
+        # the strategy's choice (averaging_for): the wire path for 16 bits on the CPU, the cast on an accelerator
         chosen = type(averaging_for(None if wire in ("off", "cast") else wire, group, torch.device("cpu")))
         assert chosen is {"int8": Int8Mean}.get(wire, AllreduceMean), (name, chosen)
         assert type(averaging_for("bf16", group, torch.device("meta"))) is CastMean
-        model = Toy(seed=rank)  # different on every rank until the broadcast
+        assert type(averaging_for("bf16", group, device)) is (CastMean if device.type == "cuda" else AllreduceMean)
+        model = Toy(seed=rank).to(device)  # different on every rank until the broadcast
         default_before = lightning_mccl.stats()["kinds"].get("allreduce", {}).get("calls", 0)
         outer = DiLoCo(model, every, outer_lr=lr, outer_momentum=mu, sync_delay=delay, averaging=averaging())
         outer.broadcast()
-        start = {k: v.clone() for k, v in model.state_dict().items()}
+        start = on_cpu(model.state_dict())
         anchors = train(model, outer, name, 1, taken or steps, rank)
         if taken:
             state = outer.state_dict()
-            weights = {k: v.clone() for k, v in model.state_dict().items()}
+            weights = on_cpu(model.state_dict())
             anchors += train(model, outer, name, taken + 1, steps, rank)
         outer.finish()
         counters = lightning_mccl.stats(group)["kinds"]
@@ -117,8 +129,8 @@ def schedule_worker(rank, world):
             train(twin, again, name, taken + 1, steps, rank)
             again.finish()
             resumed = {k: v.clone() for k, v in twin.state_dict().items()}
-        out[name] = {"start": start, "anchors": torch.stack(anchors), "final": model.state_dict(),
-                     "final_anchor": outer.anchor.clone(), "resumed": resumed, "rounds": outer.rounds,
+        out[name] = {"start": start, "anchors": torch.stack(anchors), "final": on_cpu(model.state_dict()),
+                     "final_anchor": outer.anchor.cpu().clone(), "device": device.type, "resumed": resumed, "rounds": outer.rounds,
                      "allreduces": counters["allreduce"]["calls"], "bytes": counters["allreduce"]["bytes_sent"],
                      "default_allreduces": default_allreduces,
                      "residual": state["averaging"] if taken else None}
@@ -205,6 +217,7 @@ def test_bf16_pseudo_gradients_take_half_the_bytes_and_stay_within_bf16_rounding
     inner updates do not depend on the weights), and T rounds of Nesterov steps add at most lr T e / (1 - mu)."""
     every, _, lr, mu, _, steps, _ = CONFIGS[name]
     bf16, fp32 = ranks[0][name], ranks[0]["fp32_twin"]
+    assert bf16["device"] == ("cuda" if name in ON_DEVICE and torch.cuda.is_available() else "cpu")
     assert bf16["allreduces"] == fp32["allreduces"] == steps // every
     assert bf16["bytes"] * 2 == fp32["bytes"] > 0
     for r in range(WORLD):
