@@ -17,7 +17,9 @@ Every rank computes on --device (cuda: all ranks share GPU 0, float32 with TF32 
 at roughly the rate of one Mac's GPU; mps; cpu), on synthetic data, with the model built from the same seed
 once per series. The series (sweep/ddp_series.py: compute only, mccl, mccl with wire compression, Gloo, mccl
 with torch's comm hooks, DDP settings) take turns step by step on the same data, each step timed as barrier,
-zero_grad, forward, backward (DDP's allreduce overlaps it), optimizer step and a device synchronize; the
+zero_grad, forward, backward (DDP's allreduce overlaps it), optimizer step and a device synchronize (--sync
+stream: the compute stream's only, what a training loop waits for, so that copies a collective queued on
+another stream, such as DiLoCo's staging at a round's end, overlap the next step as they do in training); the
 slowest rank's time counts (a DiLoCo series' steps run one after another: sweep/ddp_rank.py). Reported: the
 step time (the median; for DiLoCo the mean per inner step over whole rounds), samples/s, efficiency (compute-only
 step / step),
@@ -56,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--switch", default=None, metavar="TAG", help="run on the emulated switch TAG that is up "
                                                                  "(`mccl switch up`; one --nproc)")
     p.add_argument("--device", choices=("cuda", "mps", "cpu"), default="cpu")
+    p.add_argument("--sync", choices=("device", "stream"), default="device",
+                   help="what a timed step waits for at its end on cuda: every stream (torch.cuda.synchronize) or "
+                        "the compute stream (default: %(default)s)")
     p.add_argument("--series", default=DEFAULT_SERIES, help="see sweep/ddp_series.py (default: %(default)s)")
     p.add_argument("--baseline", default="gloo", help="series the samples/s are compared with (default: gloo)")
     p.add_argument("--model", default="vit_base_patch16_224", help="timm model name (default: %(default)s)")
@@ -118,7 +123,8 @@ def main(argv=None) -> int:
                 for k, group in enumerate(ddp_series.launches(series)):
                     spec = {**{key: getattr(args, key) for key in ("model", "img_size", "patch_size", "depth",
                                                                    "num_classes", "steps", "warmup", "threads",
-                                                                   "pg_timeout", "device", "powersgd_rank")},
+                                                                   "pg_timeout", "device", "sync",
+                                                                   "powersgd_rank")},
                             "batch": batch, "series": [s.to_json() for s in group], "ref_path": ref_path,
                             "ref": getattr(ddp_series.reference(series), "label", None),
                             "result": os.path.abspath(os.path.join(out, f".n{n}-b{batch}-launch{k}.json"))}
@@ -160,6 +166,7 @@ def report_all(args, argv, out, rows, steps, series, failed, wheres, log, quiet:
                  f"{info.get('params', 0) / 1e6:.2f}M parameters, {info.get('grad_bytes', 0) / 1e6:.1f} MB of float32 "
                  f"gradients per step",
         "step": f"on {args.device}{' (all ranks on GPU 0, fp32, TF32 off)' if args.device == 'cuda' else ''}, "
+                f"{'each step ending with the compute stream, not the device; ' if args.sync == 'stream' else ''}"
                 f"SGD (momentum 0.9), {args.warmup} warm-up + {args.steps} timed steps, {args.threads} torch "
                 f"thread(s) per rank"})
     write_outputs(out, rows, header, args.baseline, log, quiet=quiet)

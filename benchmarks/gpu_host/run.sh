@@ -36,6 +36,7 @@
 #   plan-fleetN     the stand-in at N hosts, batch 32 and 8, every bucketed method of mccl plan (DDP, bf16
 #                   hook, int8, PowerSGD rank 1) and Gloo + bf16 hook; plan-dilocoN: DiLoCo (DILOCO:
 #                   mccl-bf16+diloco:H=8)
+# SYNC (device) is what ends a stand-in's timed step (fleet_ddp.py --sync: device, or stream, the compute stream).
 # CONGESTION (cubic) is the emulated hosts' TCP congestion control; WIRE_RTOL (3e-2) the tolerance of the
 # wire types' results against float64.
 set -x
@@ -69,7 +70,7 @@ build . "$OUT/build.log"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 
 C="--congestion ${CONGESTION:-cubic}"
-F="benchmarks/fleet_ddp.py --device cuda --rate 10gbit $C --warmup 2"
+F="benchmarks/fleet_ddp.py --device cuda --rate 10gbit $C --warmup 2 --sync ${SYNC:-device}"
 A0="benchmarks/allreduce.py --rate 10gbit --iters 6 --min-iters 6 --time-budget 3"
 A="$A0 $C"
 wire(){ echo "mccl:MCCL_WIRE_DTYPE=$1${2:+:PYTHONPATH=$2/src}:label=$1${3:-}:rtol=${WIRE_RTOL:-3e-2}"; }  # TYPE [OLD_TREE LABEL_END]

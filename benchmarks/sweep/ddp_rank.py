@@ -19,13 +19,16 @@ from .series import Series
 EXACT_TOL, COMPRESSED_TOL = 1e-3, 5e-2
 
 
-def _device(name: str):
+def _device(name: str, sync: str):
+    """The device and what ends a step on it: every stream, or (sync "stream", cuda) the compute stream."""
     import torch
 
     if name == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
         torch.cuda.set_device(0)  # every rank on GPU 0, as one Mac each
+        if sync == "stream":
+            return torch.device("cuda", 0), lambda: torch.cuda.current_stream().synchronize()
         return torch.device("cuda", 0), torch.cuda.synchronize
     if name == "mps":
         return torch.device("mps"), torch.mps.synchronize
@@ -97,7 +100,7 @@ def worker(spec_path: str) -> int:
     backends = sorted({s.backend for s in series if s.backend != "none"})
     groups = init_groups([Series(b, b) for b in backends], spec["pg_timeout"])
     torch.set_num_threads(spec["threads"])
-    device, sync = _device(spec["device"])
+    device, sync = _device(spec["device"], spec["sync"])
     rank, world = dist.get_rank(), dist.get_world_size()
 
     models = {s.label: (_model(spec, device) if s.backend == "none" else
