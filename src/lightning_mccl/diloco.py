@@ -38,9 +38,10 @@ its wire type is the group's (`outer_group(settings)`: a dedicated mccl group, s
 queues behind nor holds up other collectives, with `MCCL_WIRE_DTYPE=bf16` the engine narrows on the wire and
 accumulates in float32). `CastMean` casts the vector to bf16 or fp16 on its device and allreduces that, as
 torch's compress hooks do a DDP bucket: on an accelerator the copies through host memory then move half the
-bytes too (the strategy's choice there, as for `compress="bf16"` under DDP). `Int8Mean` is the engine's 8-bit allreduce (`lightning_mccl.int8`) with error
-feedback: the residual of each round's quantisation is added to the next round's pseudo-gradient, and is part
-of this rank's state (`LOCAL_KEYS`). An averaging with `state_dict`/`load_state_dict` has them checkpointed.
+bytes too (`averaging_for` picks it there, as `compress="bf16"` does under DDP). `Int8Mean` is the engine's
+8-bit allreduce (`lightning_mccl.int8`) with error feedback: the residual of each round's quantisation is added
+to the next round's pseudo-gradient, and is part of this rank's state (`LOCAL_KEYS`). An averaging with
+`state_dict`/`load_state_dict` has them checkpointed.
 """
 from __future__ import annotations
 

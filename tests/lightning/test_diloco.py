@@ -128,9 +128,10 @@ def schedule_worker(rank, world):
             again.load_state_dict(state)
             train(twin, again, name, taken + 1, steps, rank)
             again.finish()
-            resumed = {k: v.clone() for k, v in twin.state_dict().items()}
+            resumed = on_cpu(twin.state_dict())
         out[name] = {"start": start, "anchors": torch.stack(anchors), "final": on_cpu(model.state_dict()),
-                     "final_anchor": outer.anchor.cpu().clone(), "device": device.type, "resumed": resumed, "rounds": outer.rounds,
+                     "final_anchor": outer.anchor.cpu().clone(), "device": device.type, "resumed": resumed,
+                     "rounds": outer.rounds,
                      "allreduces": counters["allreduce"]["calls"], "bytes": counters["allreduce"]["bytes_sent"],
                      "default_allreduces": default_allreduces,
                      "residual": state["averaging"] if taken else None}
