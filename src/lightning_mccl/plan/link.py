@@ -82,12 +82,17 @@ def ring_bytes(nbytes: float, n: int) -> float:
     return 2 * (n - 1) / n * nbytes if n > 1 else 0.0
 
 
+def by_world(table, n: int):
+    """The value of a ((up to this many ranks, value), ..., (None, value above)) table for n ranks."""
+    return next(value for ranks, value in table if ranks is None or n <= ranks)
+
+
 def rd_max_bytes(n: int) -> int:
-    return next(limit for ranks, limit in RD_MAX_BYTES if ranks is None or n <= ranks)
+    return by_world(RD_MAX_BYTES, n)
 
 
 def exchange_efficiency(n: int) -> float:
-    return next(share for ranks, share in EXCHANGE_EFFICIENCY if ranks is None or n <= ranks)
+    return by_world(EXCHANGE_EFFICIENCY, n)
 
 
 def algorithm_steps(nbytes: float, n: int):
