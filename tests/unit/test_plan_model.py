@@ -249,3 +249,13 @@ def test_the_plans_defaults_are_the_strategys():
     s = Settings()
     assert (s.bucket_mb, s.powersgd_bucket_mb, s.int8_bucket_mb, s.powersgd_rank) == (
         BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB, INT8_BUCKET_CAP_MB, POWERSGD_DEFAULTS["matrix_approximation_rank"])
+    # DiLoCo's H and tau: the fleet config's, as predict.py says
+    import os
+
+    import yaml
+
+    config = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "vit_fleet24_diloco.yaml")
+    with open(config) as f:
+        strategy = yaml.safe_load(f)["trainer"]["strategy"]["init_args"]
+    assert (s.sync_every, s.sync_delay, s.diloco_wire) == (
+        strategy["sync_every"], strategy["sync_delay"], strategy["compress"])
