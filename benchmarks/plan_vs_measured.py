@@ -8,7 +8,8 @@ row itself: DDP (no hook), torch's bf16 hook, the int8 hook, PowerSGD (its rank:
 ran it), DiLoCo (its H, delay and wire type from the row); its bucket size from its DDP options (DDP's own
 default when none). Rows of other kinds (Gloo, the engine's bf16 wire under DDP) are left out; --series keeps
 only the labels given. For each, with a profile of the same model and batch (`mccl plan --save-profile`; of
-those, the one measured with the number of processes sharing the device nearest the row's hosts), the plan predicts the step for that many hosts with the same code as `mccl plan`, twice:
+those, the one measured with the number of processes sharing the device nearest the row's hosts), the plan
+predicts the step for that many hosts with the same code as `mccl plan`, twice:
 
     profile   from the profile as measured (on the GPU host `--share-device N` for N hosts: the stand-in's N
               ranks share its GPU, so each computes slower than alone, and a bucket is ready when the
