@@ -152,8 +152,8 @@ def table(rows: list, judge: str) -> report.Table:
 
 NOTES = ["error = predicted / measured - 1. profile: the plan from the profile as measured (xN: N processes shared "
          "the device while it was measured); run's compute: the profile scaled to the run's measured compute series. "
-         "The target (10%) holds at 4 and 8 hosts; the 16-core "
-         "GPU host's 16-host rows are short of cores (docs/scaling.md) and reported as measured."]
+         "The target (10%) holds at 4 and 8 hosts; on the 16-core "
+         "GPU host the 16- and 24-host rows are short of cores (docs/scaling.md) and reported as measured."]
 
 
 def plot(path: str, rows: list, title: str):
@@ -165,7 +165,7 @@ def plot(path: str, rows: list, title: str):
     except ImportError:
         return "matplotlib is not installed: no plot"
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.2))
-    markers = {4: "o", 8: "s", 16: "^"}
+    markers = {4: "o", 8: "s", 16: "^", 24: "v"}
     for ax, key, name in ((axes[0], "predicted_s", "from the profile"), (axes[1], "predicted_run_s",
                                                                           "from the run's compute step")):
         top = max(max(r["measured_s"], r.get(key, 0.0)) for r in rows) * 1.1e3

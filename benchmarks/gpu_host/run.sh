@@ -12,7 +12,8 @@
 #   cuda-tests      the CUDA tests, the 8-bit codec's and DiLoCo's 16-bit cast on the device among them (TESTS:
 #                   more test files)
 #   fleet8 fleet16  the fleet stand-in, N ranks each on an emulated 10 Gbit/s host, ViT-B/16 on the shared GPU
-#                   (BATCH 8, STEPS 12, SERIES: the strategy's choices, Gloo, and DDP's 25 MB buckets)
+#                   (BATCH 8, STEPS 12, SERIES: the strategy's choices, Gloo, and DDP's 25 MB buckets); named
+#                   twice (fleet24 fleet24), the repeat's folder ends with its start time
 #   powersgd        PowerSGD as the strategy runs it (one bucket, batched) at rank 1 and 4 (BATCH 8)
 #   buckets         DDP bucket sizes over mccl and Gloo (BATCH 32)
 #   wire            allreduce, float32 against each of WIRES on the wire (bf16), on HOSTS hosts (8 4)
@@ -85,7 +86,8 @@ for experiment in "$@"; do
       tests/torch/test_int8_codec.py tests/torch/test_int8.py tests/lightning/test_diloco.py ${TESTS:-} ;;
   fleet[0-9]*)
     n=${experiment#fleet}
-    py 300 $F --hosts $n --steps ${STEPS:-12} --batch ${BATCH:-8} --timeout $(T 300) --out "$R/fleet${n}_b${BATCH:-8}" \
+    o=$R/fleet${n}_b${BATCH:-8}; [ -e "$o" ] && o+=_$(date +%H%M)  # a repeat in the same call keeps both
+    py 300 $F --hosts $n --steps ${STEPS:-12} --batch ${BATCH:-8} --timeout $(T 300) --out "$o" \
       --series ${SERIES:-compute,mccl:bucket=5:label=mccl,mccl+bf16_hook:bucket=5:label=mccl-bf16,gloo,mccl:label=mccl-25MB} ;;
   powersgd)
     for r in 1 4; do
