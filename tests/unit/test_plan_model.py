@@ -4,8 +4,10 @@ method's bytes and device work, DiLoCo's rounds, and the plan's efficiency and s
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
+import yaml
 
 from lightning_mccl.plan.buckets import MIB, assign, buckets
 from lightning_mccl.plan.link import Link, algorithm_steps, ring_bytes
@@ -250,10 +252,6 @@ def test_the_plans_defaults_are_the_strategys():
     assert (s.bucket_mb, s.powersgd_bucket_mb, s.int8_bucket_mb, s.powersgd_rank) == (
         BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB, INT8_BUCKET_CAP_MB, POWERSGD_DEFAULTS["matrix_approximation_rank"])
     # DiLoCo's H and tau: the fleet config's, as predict.py says
-    import os
-
-    import yaml
-
     config = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "vit_fleet24_diloco.yaml")
     with open(config) as f:
         strategy = yaml.safe_load(f)["trainer"]["strategy"]["init_args"]
