@@ -36,7 +36,7 @@ LIGHTNING_OLDEST_TESTS ?= $(foreach run,mccl instance cli_string cli_class_path,
   tests/recipes/test_vit_recipe.py::test_mac_configs_instantiate_with_lightning_cli \
   tests/recipes/test_vit_recipe.py::test_checkpoint_path_loads_backbone_and_makes_a_new_head
 # Of the import-order cases (a subprocess each), those of the two strategies' modules: every module runs the
-# same registration (lightning_mccl.lightning._register).
+# same registration (lightning_mccl.registration).
 LIGHTNING_OLDEST_SKIP ?= $(foreach name,CommMetrics MacFleetEnvironment,\
   --deselect 'tests/lightning/test_strategy_arguments.py::test_any_name_imported_first_registers_both_strategy_registries[$(name)]')
 

@@ -149,23 +149,26 @@ def main(argv=None) -> int:
 
 
 def refusal(method, common) -> str:
-    """"ok", or "unavailable: <error>" when MCCLStrategy refuses the method's arguments (a choice that is not
+    """"ok", or "unavailable: <error>" when the method's strategy refuses its arguments (a choice that is not
     built yet, on this branch). An argument that MCCLStrategy does not name goes on to DistributedDataParallel
     (its **kwargs), so one that neither names is refused here too, rather than in every rank's DDP."""
     import inspect
 
     from torch.nn.parallel import DistributedDataParallel
 
-    from lightning_mccl.lightning import MCCLStrategy
+    import lightning_mccl.lightning
 
-    named = set(inspect.signature(MCCLStrategy.__init__).parameters) | \
-        set(inspect.signature(DistributedDataParallel.__init__).parameters)
+    cls = getattr(lightning_mccl.lightning, method.cls)
+    named = set(inspect.signature(cls.__init__).parameters)
+    if not method.diloco:
+        named |= set(inspect.signature(DistributedDataParallel.__init__).parameters)
     unknown = sorted(set(method.strategy) - named)
     if unknown:
-        return (f"unavailable: MCCLStrategy takes no {', '.join(unknown)} (it would pass "
-                f"{'it' if len(unknown) == 1 else 'them'} to DistributedDataParallel, which does not either)")
+        return (f"unavailable: {method.cls} takes no {', '.join(unknown)}" + ("" if method.diloco else
+                f" (it would pass {'it' if len(unknown) == 1 else 'them'} to DistributedDataParallel, which does "
+                f"not either)"))
     try:
-        MCCLStrategy(**method.strategy, **common)
+        cls(**method.strategy, **common)
     except Exception as e:  # TypeError for an unknown argument, ValueError for an unknown choice, ...
         return f"unavailable: {type(e).__name__}: {e}"
     return "ok"

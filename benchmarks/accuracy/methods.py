@@ -1,12 +1,12 @@
-"""The methods the convergence benchmark compares: one line each, a name and the `MCCLStrategy` keyword arguments
-that select it, the accuracy it may lose against the reference (issue 27's targets) and the fleet_ddp.py series
-whose measured step time is its own.
+"""The methods the convergence benchmark compares: one line each, a name and the strategy's keyword arguments that
+select it (`MCCLStrategy`'s, or `MCCLDiLoCoStrategy`'s for DiLoCo), the accuracy it may lose against the
+reference (its target) and the fleet_ddp.py series whose measured step time is its own.
 
     Method("int8", {"compress": "int8"}, 0.5, ("mccl+int8",))
 
-Adding a method is one line in METHODS, or `--method NAME='{"compress": ...}'` on the command line. A method
-whose arguments MCCLStrategy refuses (a choice not built yet) is reported as unavailable, with the error, and
-the others run.
+Adding a method is one line in METHODS, or `--method NAME='{"compress": ...}'` on the command line
+(`{"strategy": "MCCLDiLoCoStrategy", "sync_every": 8}` for a DiLoCo one). A method whose arguments its strategy
+refuses (a choice not built yet) is reported as unavailable, with the error, and the others run.
 """
 from __future__ import annotations
 
@@ -15,22 +15,28 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 REFERENCE = "ddp-fp32"  # the method every other one is compared with: synchronous float32 DDP
+DDP, DILOCO = "MCCLStrategy", "MCCLDiLoCoStrategy"
 
 
 @dataclass(frozen=True)
 class Method:
     name: str
-    strategy: Dict[str, object]  # MCCLStrategy keyword arguments
+    strategy: Dict[str, object]  # the strategy's keyword arguments
     max_loss_pts: Optional[float] = None  # the target: at most this many points below the reference's accuracy
     fleet_series: Tuple[str, ...] = ()  # fleet_ddp.py series labels that measured this method's step time
+    cls: str = DDP  # the strategy: a class of lightning_mccl.lightning
+
+    @property
+    def diloco(self) -> bool:
+        return self.cls == DILOCO
 
     def to_json(self) -> dict:
-        return {"name": self.name, "strategy": self.strategy}
+        return {"name": self.name, "strategy": self.strategy, "class": self.cls}
 
 
-def _diloco(h: int) -> Dict[str, object]:
+def _diloco(name: str, h: int, max_loss_pts: Optional[float], series: Tuple[str, ...]) -> Method:
     """DiLoCo as docs/diloco.md recommends it: plain averaging (the strategy's default outer step), sync_delay 1."""
-    return {"sync": "diloco", "sync_every": h}
+    return Method(name, {"sync_every": h}, max_loss_pts, series, DILOCO)
 
 
 def _powersgd(rank: int) -> Dict[str, object]:
@@ -43,8 +49,8 @@ METHODS: Tuple[Method, ...] = (
     Method("powersgd-r1", _powersgd(1), None, ("psgd-r1",)),
     Method("powersgd-r4", _powersgd(4), None, ("psgd-r4",)),
     Method("int8", {"compress": "int8"}, 0.5, ("mccl+int8",)),
-    Method("diloco-h2", _diloco(2), 1.0, ("mccl+diloco:H=2", "mccl+diloco:H=2:delay=1")),
-    Method("diloco-h4", _diloco(4), 1.0, ("mccl+diloco:H=4", "mccl+diloco:H=4:delay=1")),
+    _diloco("diloco-h2", 2, 1.0, ("mccl+diloco:H=2", "mccl+diloco:H=2:delay=1")),
+    _diloco("diloco-h4", 4, 1.0, ("mccl+diloco:H=4", "mccl+diloco:H=4:delay=1")),
 )
 
 
@@ -63,7 +69,10 @@ def select(names: Optional[Sequence[str]], extra: Sequence[str] = ()) -> List[Me
                              f"MCCLStrategy keyword arguments)")
         if name in table:
             raise ValueError(f"--method {name}: already a method ({', '.join(table)}); give it another name")
-        table[name] = Method(name, kwargs, None, (name,))
+        cls = kwargs.pop("strategy", DDP)
+        if cls not in (DDP, DILOCO):
+            raise ValueError(f"--method {item!r}: \"strategy\" is {DDP!r} (the default) or {DILOCO!r}")
+        table[name] = Method(name, kwargs, None, (name,), cls)
     chosen = list(table) if names is None else list(dict.fromkeys([REFERENCE, *names, *_names(extra)]))
     unknown = [n for n in chosen if n not in table]
     if unknown:
@@ -77,4 +86,6 @@ def _names(extra: Sequence[str]) -> List[str]:
 
 def diloco_periods(methods: Sequence[Method]) -> List[int]:
     """The outer-sync periods H of the DiLoCo methods among `methods` (validation falls on multiples of each)."""
-    return sorted({int(m.strategy["sync_every"]) for m in methods if m.strategy.get("sync") == "diloco"})
+    from lightning_mccl.diloco.settings import SYNC_EVERY
+
+    return sorted({int(m.strategy.get("sync_every", SYNC_EVERY)) for m in methods if m.diloco})

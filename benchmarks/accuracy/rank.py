@@ -65,7 +65,7 @@ def train_one(spec: dict, seed: int, rank: int, world: int, tensors) -> dict:
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
-    from lightning_mccl.lightning import MCCLStrategy
+    import lightning_mccl.lightning
 
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     x, y, vx, vy = tensors
@@ -74,7 +74,8 @@ def train_one(spec: dict, seed: int, rank: int, world: int, tensors) -> dict:
     sampler = GlobalBatchSampler(len(y), spec["steps"], spec["batch"], rank, world, seed)
     loader = DataLoader(TensorDataset(x, y), batch_sampler=sampler)
     recorder = Recorder(vx, vy, spec["eval_every"], spec["batch"] * world, rank, world)
-    strategy = MCCLStrategy(**spec["method"]["strategy"], **spec["strategy_common"])
+    cls = getattr(lightning_mccl.lightning, spec["method"]["class"])
+    strategy = cls(**spec["method"]["strategy"], **spec["strategy_common"])
     trainer = L.Trainer(accelerator=spec["device"], devices=1, num_nodes=world, strategy=strategy,
                         max_epochs=1, max_steps=spec["steps"], limit_val_batches=0, num_sanity_val_steps=0,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,

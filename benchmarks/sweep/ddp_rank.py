@@ -71,13 +71,14 @@ def _wrap(s: DDPSeries, model, group, spec: dict):
 
 
 def _outer(s: DDPSeries, model, group):
-    """The DiLoCo of a DiLoCo series, every rank starting from rank 0's weights, averaging as MCCLStrategy(
-    sync="diloco", compress=<the series' wire type>) does on the model's device (16 bits on an accelerator: cast
-    on the device)."""
+    """The DiLoCo of a DiLoCo series, every rank starting from rank 0's weights, averaging as MCCLDiLoCoStrategy(
+    compress=<the series' wire type>) does on the model's device (16 bits on an accelerator: cast on the device)."""
+    from lightning_mccl import wire_policy
     from lightning_mccl.diloco import DiLoCo, averaging_for
 
     wire = s.wire or None  # "bf16", "fp16" (the series' MCCL_WIRE_DTYPE) or None
-    averaging = averaging_for(wire, group, next(model.parameters()).device)
+    device = next(model.parameters()).device
+    averaging = averaging_for(wire_policy.resolve(wire, device.type, s.backend, "fleet_ddp", diloco=True), group)
     outer = DiLoCo(model, s.sync_every, sync_delay=s.sync_delay, averaging=averaging)
     outer.broadcast()
     return outer

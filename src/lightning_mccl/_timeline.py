@@ -39,7 +39,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from . import _C
-from ._backend import required_backend
+from .backend import required_backend
 
 __all__ = ["clock_ns", "timeline"]
 

@@ -49,7 +49,7 @@ from typing import Any, Dict, Hashable, Optional
 import torch
 import torch.distributed as dist
 
-from ._backend import required_backend
+from .backend import required_backend
 
 FLOATING = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 CODECS = ("auto", "torch", "engine")

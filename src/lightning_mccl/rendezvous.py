@@ -7,8 +7,9 @@ rank ignores Ctrl-C (the wait is in C++). `rendezvous` builds the same store, bu
 
 - rank 0 starts the store without waiting for anyone; every rank connects (a rank > 0 first waits, in
   Python, until the store's port accepts a connection) and records its arrival under ``mccl/rdzv/<n>/<rank>``
-  with its host name, where n counts the rendezvous of the process; the store says which n it serves, so a
-  rank that comes to a second group while rank 0 still holds the first one's store waits for the new store;
+  with its host name, where n is the round rank 0's new store names (a random id); a rank that comes to a
+  second group while rank 0 still holds the first one's store finds its own arrival already there (that round
+  is behind it), and waits for the new store;
 - every rank then waits, in Python, until all ranks have arrived: Ctrl-C stops it at once;
 - after ``report_s`` seconds (MCCL_RENDEZVOUS_REPORT_S, default 10) and every ``report_s`` seconds after,
   rank 0 prints which ranks have not arrived, with their hosts when the launcher said (MCCL_HOSTS, set by
@@ -24,6 +25,7 @@ import os
 import socket
 import sys
 import time
+import uuid
 from datetime import timedelta
 from typing import Callable, List, Optional, Sequence
 
@@ -36,8 +38,7 @@ CONNECT_ATTEMPT_S = 1.0  # one attempt of a rank > 0 to reach the store's port
 PROBE_INTERVAL_S = 0.2  # between such attempts
 POLL_S = 0.05
 HAND_OUT_S = 2.0  # how long rank 0, timed out, waits for the waiting ranks to read its message
-_rounds = 0  # rendezvous made by this process so far: keys of a later one never meet an earlier one's
-OPEN_KEY = "mccl/rdzv/open"  # the round rank 0's store serves, set as it opens
+OPEN_KEY = "mccl/rdzv/open"  # the round rank 0's store serves (a random id), set as it opens
 
 
 class RendezvousError(RuntimeError):
@@ -107,27 +108,29 @@ def _await_port(addr: str, port: int, rank: int, deadline: float, timeout: float
             time.sleep(PROBE_INTERVAL_S)
 
 
-def _round_served(store, deadline: float) -> Optional[int]:
+def _round_served(store, deadline: float) -> Optional[str]:
     """The rendezvous round rank 0's store says it serves (OPEN_KEY); None if it says none by the deadline."""
     while time.monotonic() < deadline:
         if store.check([OPEN_KEY]):
-            return int(store.get(OPEN_KEY))
+            return store.get(OPEN_KEY).decode()
         time.sleep(POLL_S)
     return None
 
 
-def _connect(addr: str, port: int, rank: int, world_size: int, round_: int, timeout: float, report_s: float,
-             say: Callable[[str], None]) -> dist.TCPStore:
-    """Rank 0: a new store serving round `round_`. A rank > 0: a client of that store.
+def _connect(addr: str, port: int, rank: int, world_size: int, timeout: float, report_s: float,
+             say: Callable[[str], None]):
+    """Rank 0: a new store serving a new round. A rank > 0: a client of that store. Returns (store, round).
 
     A rank > 0 can come to the port while rank 0's store of the round before still serves it: the ranks
-    destroyed their group, and rank 0 has not yet released the store that group held. Such a store says an
-    earlier round; the rank leaves it and tries again until rank 0's new store (same port) says this one."""
+    destroyed their group, and rank 0 has not yet released the store that group held. This rank's arrival is
+    already recorded in that store's round; the rank leaves it and tries again until rank 0's new store (same
+    port) serves a round it has not arrived at."""
     if rank == 0:
         store = dist.TCPStore(addr, port, world_size, True, timedelta(seconds=timeout), wait_for_workers=False,
                               multi_tenant=True)
-        store.set(OPEN_KEY, str(round_))
-        return store
+        round_ = uuid.uuid4().hex
+        store.set(OPEN_KEY, round_)
+        return store, round_
     deadline = time.monotonic() + timeout
     served = None
     while time.monotonic() < deadline:
@@ -136,20 +139,15 @@ def _connect(addr: str, port: int, rank: int, world_size: int, round_: int, time
             store = dist.TCPStore(addr, port, world_size, False,
                                   timedelta(seconds=max(deadline - time.monotonic(), 1.0)), wait_for_workers=False)
             served = _round_served(store, deadline)
+            if served is not None and not store.check([f"mccl/rdzv/{served}/{rank}"]):
+                return store, served
         except dist.DistError:  # the earlier round's store closed while this rank connected to it
             continue
-        if served == round_:
-            return store
-        if served is not None and served > round_:
-            raise RendezvousError(
-                f"rank 0's rendezvous at {addr}:{port} is its number {served + 1} in its process, rank {rank}'s is "
-                f"number {round_ + 1}: the ranks have made different numbers of process groups")
         del store  # rank 0's store of an earlier round, about to close
         time.sleep(PROBE_INTERVAL_S)
     raise RendezvousError(
-        f"rank 0's store at {addr}:{port} still served its rendezvous number {served + 1} after {timeout:g} s "
-        f"(the group timeout), when rank {rank} came to its number {round_ + 1}: did rank 0 make its next "
-        f"process group?" if served is not None else
+        f"rank 0's store at {addr}:{port} still served the rendezvous of this rank's previous process group after "
+        f"{timeout:g} s (the group timeout): did rank 0 make its next process group?" if served is not None else
         f"rank 0's store at {addr}:{port} named no rendezvous within {timeout:g} s (the group timeout): is "
         f"another program serving port {port}?")
 
@@ -168,15 +166,12 @@ def rendezvous(addr: str, port: int, rank: int, world_size: int, timeout: timede
                say: Optional[Callable[[str], None]] = None) -> dist.TCPStore:
     """The store every rank of the group shares, once all `world_size` ranks have arrived (see the module
     docstring). Raises RendezvousError after `timeout`; KeyboardInterrupt on Ctrl-C while waiting."""
-    global _rounds
     report_s = report_interval() if report_s is None else report_s
     hosts = launcher_hosts(world_size) if hosts is None else hosts
     say = say if say is not None else (lambda message: _say(rank, message))
     limit = timeout.total_seconds()
     start = time.monotonic()
-    round_ = _rounds
-    _rounds += 1
-    store = _connect(addr, port, rank, world_size, round_, limit, report_s, say)
+    store, round_ = _connect(addr, port, rank, world_size, limit, report_s, say)
     prefix = f"mccl/rdzv/{round_}/"
     store.set(prefix + str(rank), socket.gethostname())
     keys = [prefix + str(r) for r in range(world_size)]

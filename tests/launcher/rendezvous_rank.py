@@ -1,22 +1,19 @@
-"""One rank of the rendezvous tests: `python rendezvous_rank.py PORT RANK WORLD TIMEOUT_S REPORT_S ROUNDS HOLD_S
-FIRST`.
+"""One rank of the rendezvous tests: `python rendezvous_rank.py PORT RANK WORLD TIMEOUT_S REPORT_S ROUNDS HOLD_S`.
 
 Rendezvouses through `lightning_mccl.rendezvous` (hosts from MCCL_HOSTS), then proves the store is shared:
 sets its own key and reads every other rank's. Prints "arrived rank R saw [...]" and exits 0; on a
 RendezvousError prints "RendezvousError: ..." and exits 3. It does so ROUNDS times, as a
 process making one group after another; rank 0 keeps each round's store HOLD_S seconds after the round
-(a destroyed group's store still open), and FIRST sets the count of rendezvous the process made before."""
+(a destroyed group's store still open)."""
 import sys
 import time
 from datetime import timedelta
 
-import lightning_mccl.rendezvous as rdzv
 from lightning_mccl.rendezvous import RendezvousError, rendezvous
 
 
-def main(port, rank, world, timeout_s, report_s, rounds, hold_s, first):
+def main(port, rank, world, timeout_s, report_s, rounds, hold_s):
     print(f"rank {rank} starting", flush=True)
-    rdzv._rounds = first
     for _ in range(rounds):
         one_round(port, rank, world, timeout_s, report_s, hold_s)
 
@@ -44,4 +41,4 @@ def one_round(port, rank, world, timeout_s, report_s, hold_s):
 
 if __name__ == "__main__":
     a = sys.argv[1:]
-    main(int(a[0]), int(a[1]), int(a[2]), float(a[3]), float(a[4]), int(a[5]), float(a[6]), int(a[7]))
+    main(int(a[0]), int(a[1]), int(a[2]), float(a[3]), float(a[4]), int(a[5]), float(a[6]))

@@ -80,7 +80,7 @@ class TinyModel(L.LightningModule):
             "world_size": torch.distributed.get_world_size(),
             "comm_hooks": [hook.__qualname__ for hook, _ in getattr(ddp, "_comm_hooks", [])],
             "bound_device_id": str(torch.distributed.group.WORLD.bound_device_id),
-            "engine_wire": lightning_mccl._backend.wire_dtype_of(),
+            "engine_wire": lightning_mccl.backend.wire_dtype_of(),
             "wire_env": os.environ.get("MCCL_WIRE_DTYPE"),
         }
 

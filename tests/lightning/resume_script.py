@@ -12,7 +12,7 @@ OUT_DIR/attempts.rank<R>.txt the global step it started at.
 Why end-of-epoch checkpoints: resuming a checkpoint taken mid-epoch is exact only with a resumable data
 loader (Lightning then replays the epoch's remaining batches); at an epoch boundary any loader is exact.
 
---diloco: the strategy is MCCLStrategy(sync="diloco", sync_every=3, sync_delay=2, compress="bf16"), so the
+--diloco: the strategy is MCCLDiLoCoStrategy(sync_every=3, sync_delay=2, compress="bf16"), so the
 checkpoint at the end of epoch 1 (step 10) is mid-round with the sync of step 9 in flight. The first attempt
 first runs the same fit without a kill in the same processes (into OUT_DIR/reference), and every DiLoCo fit
 records, after each training step: the allreduces the step ran on the default group, the outer group's
@@ -41,7 +41,7 @@ BATCH = 4
 STEPS_PER_EPOCH = 5
 SAMPLES = 2 * BATCH * STEPS_PER_EPOCH  # 2 ranks
 IN, HID, OUT = 8, 16, 3
-DILOCO = dict(sync="diloco", sync_every=3, sync_delay=2, compress="bf16")
+DILOCO = dict(sync_every=3, sync_delay=2, compress="bf16")
 
 
 def allreduces(group=None) -> int:
@@ -72,12 +72,12 @@ class Resumable(L.LightningModule):
         self._default_before = allreduces()
 
     def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
-        diloco = self.trainer.strategy.diloco
+        diloco = getattr(self.trainer.strategy, "diloco", None)  # MCCLDiLoCoStrategy only
         if diloco is not None:
             anchor = zlib.crc32(diloco.anchor.numpy().tobytes())
             self.steps.append((self.global_step, allreduces() - self._default_before,
                                allreduces(self.trainer.strategy.outer_group), anchor,
-                               lightning_mccl._backend.wire_dtype_of(self.trainer.strategy.outer_group)))
+                               lightning_mccl.backend.wire_dtype_of(self.trainer.strategy.outer_group)))
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
@@ -90,14 +90,14 @@ class Resumable(L.LightningModule):
 
 
 def fit(out_dir: str, kill_at, diloco: bool) -> None:
-    from lightning_mccl.lightning import CommMetrics, MCCLStrategy
+    from lightning_mccl.lightning import CommMetrics, MCCLDiLoCoStrategy
 
     model = Resumable(out_dir, kill_at)
     metrics = CommMetrics(every_n_steps=5, summary=False)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     checkpoint = ModelCheckpoint(dirpath=os.path.join(out_dir, "ckpt"), save_last=True, save_top_k=-1,
                                  every_n_epochs=1, filename="{epoch}")
-    trainer = L.Trainer(strategy=MCCLStrategy(**DILOCO, comm_metrics=metrics) if diloco else "mccl",
+    trainer = L.Trainer(strategy=MCCLDiLoCoStrategy(**DILOCO, comm_metrics=metrics) if diloco else "mccl",
                         accelerator="cpu", devices=2,
                         max_epochs=EPOCHS, logger=False, callbacks=[checkpoint], enable_progress_bar=False,
                         enable_model_summary=False, deterministic=True)

@@ -94,7 +94,11 @@ def schedule_worker(rank, world):
     import torch.distributed as dist
 
     import lightning_mccl
+    from lightning_mccl import wire_policy
     from lightning_mccl.diloco import AllreduceMean, CastMean, DiLoCo, Int8Mean, averaging_for, outer_group
+
+    def strategys(compress, device_type):  # the averaging MCCLDiLoCoStrategy(compress=...) uses there
+        return type(averaging_for(wire_policy.resolve(compress, device_type, "mccl", "test", diloco=True), group))
 
     out = {}
     for name, (every, delay, lr, mu, wire, steps, taken) in CONFIGS.items():
@@ -103,10 +107,10 @@ def schedule_worker(rank, world):
                      "cast": lambda: CastMean(torch.bfloat16, group)}.get(wire, lambda: AllreduceMean(group))
         device = torch.device("cuda" if name in ON_DEVICE and torch.cuda.is_available() else "cpu")
         # the strategy's choice (averaging_for): the wire path for 16 bits on the CPU, the cast on an accelerator
-        chosen = type(averaging_for(None if wire in ("off", "cast") else wire, group, torch.device("cpu")))
+        chosen = strategys(None if wire in ("off", "cast") else wire, "cpu")
         assert chosen is {"int8": Int8Mean}.get(wire, AllreduceMean), (name, chosen)
-        assert type(averaging_for("bf16", group, torch.device("meta"))) is CastMean
-        assert type(averaging_for("bf16", group, device)) is (CastMean if device.type == "cuda" else AllreduceMean)
+        assert strategys("bf16", "meta") is CastMean
+        assert strategys("bf16", device.type) is (CastMean if device.type == "cuda" else AllreduceMean)
         model = Toy(seed=rank).to(device)  # different on every rank until the broadcast
         default_before = lightning_mccl.stats()["kinds"].get("allreduce", {}).get("calls", 0)
         outer = DiLoCo(model, every, outer_lr=lr, outer_momentum=mu, sync_delay=delay, averaging=averaging())

@@ -48,17 +48,21 @@ def test_hostfile_places_this_machine_by_its_addresses(no_launch_env, fleet):
     env = MacFleetEnvironment(fleet)
     assert env.node_rank() == 1
     assert (env.main_address, env.main_port) == (ELSEWHERE[0], 29123)
-    assert os.environ["MCCL_SOCKET_IFNAME"] == "lo"
+    assert env.ifname == "lo" and "MCCL_SOCKET_IFNAME" not in os.environ  # the group's setting, not the environment
     assert (env.local_rank(), env.world_size(), env.global_rank()) == (0, 1, 0)
     assert env.creates_processes_externally is False
     assert env.hostfile.num_nodes == 3
 
 
-def test_ifname_already_set_is_kept(no_launch_env, fleet):
+def test_the_hosts_ifname_goes_to_the_group_unless_the_environment_or_options_name_one(no_launch_env, fleet):
     from lightning_mccl.lightning import MacFleetEnvironment
+    from lightning_mccl.lightning.group import fleet_settings
 
+    env = MacFleetEnvironment(fleet)
+    assert fleet_settings(env, {}) == {"MCCL_SOCKET_IFNAME": "lo"}
+    assert fleet_settings(env, {"MCCL_SOCKET_IFNAME": "en1"}) == {}  # the strategy's options win
     no_launch_env.setenv("MCCL_SOCKET_IFNAME", "en0")
-    MacFleetEnvironment(fleet)
+    assert fleet_settings(env, {}) == {}  # so does the environment (the group reads it)
     assert os.environ["MCCL_SOCKET_IFNAME"] == "en0"
 
 
@@ -69,7 +73,7 @@ def test_node_rank_variable_wins_over_addresses(no_launch_env, fleet, var):
     no_launch_env.setenv(var, "2")
     env = MacFleetEnvironment(str(fleet))
     assert env.node_rank() == 2
-    assert os.environ["MCCL_SOCKET_IFNAME"] == "en7"  # that host's ifname
+    assert env.ifname == "en7"  # that host's ifname
 
 
 def test_machine_in_no_host_is_an_error_naming_host_and_file(no_launch_env, tmp_path):

@@ -3,7 +3,8 @@ nothing that another Trainer (on another thread) could see.
 
 - A Lightning whose `_init_dist_connection`, connector check or overridden DDPStrategy private has another
   shape or is gone (here: a fake, patched in a child process before the strategy modules are imported) makes
-  the import fail with LightningVersionError naming the Lightning version and the tested ones.
+  the import (an override) or the making of the strategy (a function called) fail with LightningVersionError
+  naming the Lightning version and the tested ones.
 - While an MCCLStrategy instance passes the connector on the MPS stand-in, another thread's DDPStrategy
   Trainer is still refused, and no module global of Lightning's was rebound.
 """
@@ -22,7 +23,8 @@ from launch_env import clean_env
 
 # One child process tries every fake shape in turn (importing Lightning once): each case patches Lightning,
 # imports the strategy modules afresh (every lightning_mccl.lightning module dropped first, so that each
-# check runs again), prints what the import raised as one JSON line, and puts Lightning back.
+# check runs again) and makes each strategy (the functions called are checked then), prints what that raised
+# as one JSON line, and puts Lightning back.
 FAKE_SHAPES = textwrap.dedent("""
     import json, sys
     import lightning, lightning.fabric.utilities.distributed as d
@@ -65,6 +67,8 @@ FAKE_SHAPES = textwrap.dedent("""
             setattr(owner, name, fake)
         try:
             import lightning_mccl.lightning.strategy, lightning_mccl.lightning.fabric
+            lightning_mccl.lightning.strategy.MCCLStrategy()
+            lightning_mccl.lightning.fabric.MCCLFabricStrategy()
             raised = None
         except ImportError as e:
             raised = f"{type(e).__name__} {e}"
@@ -103,11 +107,11 @@ def shape_errors() -> dict:
 
 
 @pytest.mark.parametrize("change,names,problem", SHAPES)
-def test_an_unexpected_lightning_shape_fails_the_import_naming_the_version(shape_errors, change, names, problem):
+def test_an_unexpected_lightning_shape_fails_the_strategy_naming_the_version(shape_errors, change, names, problem):
     from lightning_mccl.lightning.internals import TESTED_LIGHTNING
 
     out = shape_errors[change]
-    assert out is not None, f"{change}: importing the strategy did not fail"
+    assert out is not None, f"{change}: importing or making the strategy did not fail"
     assert out.startswith("LightningVersionError lightning-mccl cannot use Lightning 9.9.9: "), out
     assert names in out and problem in out, out
     assert f"tested with Lightning {TESTED_LIGHTNING[0]} to {TESTED_LIGHTNING[-1]}" in out, out
@@ -116,9 +120,10 @@ def test_an_unexpected_lightning_shape_fails_the_import_naming_the_version(shape
 def test_the_installed_lightning_passes_the_checks():
     from lightning.fabric.utilities import distributed
 
-    from lightning_mccl.lightning import group
+    from lightning_mccl.lightning import internals
 
-    assert group._init_dist_connection is distributed._init_dist_connection
+    internals.check_lightning()
+    assert internals.checked(*internals.INIT_DIST) is distributed._init_dist_connection
 
 
 def test_the_mps_gate_rebinds_nothing_and_other_threads_are_still_refused(mps_stand_in, tmp_path):

@@ -17,10 +17,17 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from launch_env import clean_env
 
 
+def _registered(registry, cls) -> dict:
+    """{name: init_params} of the registry's names whose strategy is `cls` (registered as a factory that imports
+    it on first use, so the class is found by making one)."""
+    return {n: registry[n]["init_params"] for n in registry.available_strategies() if n.startswith("mccl")
+            and type(registry.get(n)) is cls}
+
+
 def test_registered_names_mirror_lightning_ddp_without_ddp():
     from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
-    from lightning_mccl.lightning import MCCLStrategy
+    from lightning_mccl.lightning import MCCLDiLoCoStrategy, MCCLStrategy
 
     expected = {
         "mccl": {"start_method": "popen"},
@@ -32,51 +39,62 @@ def test_registered_names_mirror_lightning_ddp_without_ddp():
         "mccl_bf16_compress": {"compress": "bf16"},
         "mccl_fp16_compress": {"compress": "fp16"},
     }
-    ours = {n for n in StrategyRegistry.available_strategies() if StrategyRegistry[n]["strategy"] is MCCLStrategy}
-    assert ours == set(expected)
+    ours = _registered(StrategyRegistry, MCCLStrategy)
+    assert ours == expected
     for name, params in expected.items():
         assert "ddp" not in name
-        assert StrategyRegistry[name]["init_params"] == params
         strategy = StrategyRegistry.get(name)
         assert type(strategy) is MCCLStrategy and strategy.process_group_backend == "mccl"
         assert strategy._ddp_kwargs["find_unused_parameters"] is params.get("find_unused_parameters", False)
+    assert _registered(StrategyRegistry, MCCLDiLoCoStrategy) == {"mccl_diloco": {"start_method": "popen"}}
     # every popen/spawn registration of DDPStrategy has its mccl twin (fork ones are left out on purpose)
     ddp_names = {n for n in StrategyRegistry.available_strategies() if StrategyRegistry[n]["strategy"] is DDPStrategy}
-    assert {n.replace("ddp", "mccl") for n in ddp_names if "fork" not in n and "notebook" not in n} <= ours
+    assert {n.replace("ddp", "mccl") for n in ddp_names if "fork" not in n and "notebook" not in n} <= set(ours)
 
 
-def test_fabric_registers_the_same_table_without_the_compressions():
-    """One table (names.py) for both registries: Fabric has every name of the Trainer's but the compressions,
-    each with the same arguments."""
+def test_fabric_registers_the_same_table_without_diloco():
+    """One table (names.py) for both registries: Fabric has every name of the Trainer's DDP strategy, each with
+    the same arguments (DiLoCo is the Trainer's only)."""
     from lightning.fabric.strategies import STRATEGY_REGISTRY
     from lightning.pytorch.strategies import StrategyRegistry
 
     from lightning_mccl.lightning import MCCLFabricStrategy, MCCLStrategy
 
-    trainer = {n: StrategyRegistry[n]["init_params"] for n in StrategyRegistry.available_strategies()
-               if StrategyRegistry[n]["strategy"] is MCCLStrategy}
-    fabric = {n: STRATEGY_REGISTRY[n]["init_params"] for n in STRATEGY_REGISTRY.available_strategies()
-              if STRATEGY_REGISTRY[n]["strategy"] is MCCLFabricStrategy}
-    assert fabric == {n: p for n, p in trainer.items() if "compress" not in p}
-    assert fabric["mccl_find_unused_parameters_false"] == {"find_unused_parameters": False, "start_method": "popen"}
+    trainer = _registered(StrategyRegistry, MCCLStrategy)
+    assert _registered(STRATEGY_REGISTRY, MCCLFabricStrategy) == trainer
+    assert "mccl_diloco" not in STRATEGY_REGISTRY
     strategy = STRATEGY_REGISTRY.get("mccl_spawn_find_unused_parameters_true")
     assert type(strategy) is MCCLFabricStrategy and strategy._ddp_kwargs["find_unused_parameters"] is True
+    assert STRATEGY_REGISTRY.get("mccl_bf16_compress").compress == "bf16"
 
 
-def test_the_two_front_ends_share_the_group_module_and_not_each_other():
-    """strategy.py and fabric.py import the group setup from group.py, never from each other (no cycle)."""
+def test_the_front_ends_share_the_group_module_and_not_each_other():
+    """strategy.py, diloco_strategy.py and fabric.py import the group setup from group.py (the Trainer's two through
+    base.py), never from each other (no cycle)."""
     import ast
     from pathlib import Path
 
     import lightning_mccl.lightning as package
 
     here = Path(package.__file__).parent
-    for module, other in (("strategy", "fabric"), ("fabric", "strategy")):
+    fronts = ("strategy", "diloco_strategy", "fabric")
+    for module in fronts:
         tree = ast.parse((here / f"{module}.py").read_text())
         imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 1
                     for alias in node.names} | {node.module for node in ast.walk(tree)
                                                 if isinstance(node, ast.ImportFrom) and node.level == 1}
-        assert other not in imported and "group" in imported, (module, imported)
+        assert not imported & (set(fronts) - {module}) and "group" in imported, (module, imported)
+
+
+def _resolved(strategy, device="cpu"):
+    """What the strategy resolves at setup for a root device of `device` (wire_policy.resolve), and the DDP hook it
+    then builds."""
+    from lightning_mccl import wire_policy
+    from lightning_mccl.lightning import hooks
+
+    wire = wire_policy.resolve(strategy.compress, device, strategy._get_process_group_backend(), "MCCLStrategy")
+    return wire, hooks.build("MCCLStrategy", wire, strategy.compress_options, strategy._ddp_comm_hook,
+                             strategy._ddp_comm_wrapper, strategy._ddp_comm_state)
 
 
 def test_arguments_compress_timeout_ddp_kwargs_and_hint():
@@ -84,24 +102,23 @@ def test_arguments_compress_timeout_ddp_kwargs_and_hint():
 
     from lightning_mccl.lightning import MCCLStrategy
 
-    s = MCCLStrategy(compress="fp16")  # the engine's wire compression: no hook
-    assert (s._ddp_comm_hook, s._ddp_comm_wrapper, s._compress_plan.wire) == (None, None, "fp16")
-    s.parallel_devices = [torch.device("cpu")]
-    s._choose_compression()  # a CPU root device keeps the engine's compression
-    assert (s._ddp_comm_hook, s._compress_plan.wire) == (None, "fp16")
-    s = MCCLStrategy(compress="fp16", process_group_backend="gloo")  # no engine: torch's hook
-    assert (s._ddp_comm_hook, s._compress_plan.wire) == (default_hooks.fp16_compress_hook, None)
-    s = MCCLStrategy(compress="fp16_hook")
-    assert (s._ddp_comm_hook, s._ddp_comm_wrapper) == (default_hooks.fp16_compress_hook, None)
-    s = MCCLStrategy(compress="bf16_hook", ddp_comm_hook=powerSGD_hook.powerSGD_hook)
-    assert (s._ddp_comm_hook, s._ddp_comm_wrapper) == (powerSGD_hook.powerSGD_hook, default_hooks.bf16_compress_wrapper)
-    s = MCCLStrategy(compress="powersgd", compress_options={"matrix_approximation_rank": 4})
-    assert s._ddp_comm_hook is powerSGD_hook.powerSGD_hook and s._compress_plan.wire is None
-    state = s._ddp_comm_state
+    wire, hook = _resolved(MCCLStrategy(compress="fp16"))  # on the CPU: the engine's wire compression, no hook
+    assert (hook.hook, hook.wrapper, wire.wire) == (None, None, "fp16")
+    wire, hook = _resolved(MCCLStrategy(compress="fp16"), "mps")  # on an accelerator: torch's hook casts there
+    assert (hook.hook, wire.wire) == (default_hooks.fp16_compress_hook, None)
+    wire, hook = _resolved(MCCLStrategy(compress="fp16", process_group_backend="gloo"))  # no engine: the hook
+    assert (hook.hook, wire.wire) == (default_hooks.fp16_compress_hook, None)
+    _, hook = _resolved(MCCLStrategy(compress="fp16_hook"))
+    assert (hook.hook, hook.wrapper) == (default_hooks.fp16_compress_hook, None)
+    _, hook = _resolved(MCCLStrategy(compress="bf16_hook", ddp_comm_hook=powerSGD_hook.powerSGD_hook))
+    assert (hook.hook, hook.wrapper) == (powerSGD_hook.powerSGD_hook, default_hooks.bf16_compress_wrapper)
+    wire, hook = _resolved(MCCLStrategy(compress="powersgd", compress_options={"matrix_approximation_rank": 4}))
+    assert hook.hook is powerSGD_hook.powerSGD_hook and wire.wire is None
+    state = hook.state
     assert isinstance(state, powerSGD_hook.PowerSGDState) and state.process_group is None
     assert (state.matrix_approximation_rank, state.start_powerSGD_iter, state.use_error_feedback,
             state.warm_start) == (4, 10, True, True)
-    assert MCCLStrategy()._ddp_comm_hook is None
+    assert _resolved(MCCLStrategy())[1].hook is None
     with pytest.raises(ValueError, match=r"compress='int4'\): expected one of \('bf16', 'fp16', 'bf16_hook'"):
         MCCLStrategy(compress="int4")
     with pytest.raises(ValueError, match="give either compress or ddp_comm_wrapper"):
@@ -124,19 +141,13 @@ def test_arguments_compress_timeout_ddp_kwargs_and_hint():
     s = MCCLStrategy(static_graph=True, bucket_cap_mb=4, forward_sync_buffers=False)
     assert s._ddp_kwargs == {"find_unused_parameters": False, "static_graph": True, "gradient_as_bucket_view": False,
                              "bucket_cap_mb": 4, "forward_sync_buffers": False}
-    # The fleet default over mccl (5 MB buckets, measured); other backends keep DDP's own.
-    assert MCCLStrategy()._ddp_kwargs["bucket_cap_mb"] == 5.0
-    assert MCCLStrategy(compress="int8")._ddp_kwargs["bucket_cap_mb"] == 25.0
-    assert MCCLStrategy(compress="powersgd")._ddp_kwargs["bucket_cap_mb"] == 1000.0  # one bucket
-    assert MCCLStrategy(compress="powersgd", bucket_cap_mb=25)._ddp_kwargs["bucket_cap_mb"] == 25
-    assert MCCLStrategy(compress="bf16_hook")._ddp_kwargs["bucket_cap_mb"] == 5.0
-    assert "bucket_cap_mb" not in MCCLStrategy(compress="powersgd", process_group_backend="gloo")._ddp_kwargs
-    assert "bucket_cap_mb" not in MCCLStrategy(process_group_backend="gloo")._ddp_kwargs
-    from lightning_mccl.lightning.fabric import MCCLFabricStrategy
-
-    assert MCCLFabricStrategy()._ddp_kwargs["bucket_cap_mb"] == 5.0
-    assert MCCLFabricStrategy(bucket_cap_mb=25)._ddp_kwargs["bucket_cap_mb"] == 25
-    assert "bucket_cap_mb" not in MCCLFabricStrategy(process_group_backend="gloo")._ddp_kwargs
+    # The fleet default over mccl (the wire policy's row); other backends keep DDP's own.
+    assert _resolved(MCCLStrategy())[0].bucket_mb == 5.0
+    assert _resolved(MCCLStrategy(compress="int8"))[0].bucket_mb == 25.0
+    assert _resolved(MCCLStrategy(compress="powersgd"))[0].bucket_mb == 1000.0  # one bucket
+    assert _resolved(MCCLStrategy(compress="bf16_hook"))[0].bucket_mb == 5.0
+    assert _resolved(MCCLStrategy(compress="powersgd", process_group_backend="gloo"))[0].bucket_mb is None
+    assert _resolved(MCCLStrategy(process_group_backend="gloo"))[0].bucket_mb is None
 
 
 @pytest.mark.filterwarnings("ignore:Complex modules")
@@ -145,19 +156,20 @@ def test_int8_brings_its_hook_and_refuses_what_it_cannot_take():
     from lightning_mccl import int8
     from lightning_mccl.lightning import MCCLStrategy
 
-    s = MCCLStrategy(compress="int8")
-    assert s._ddp_comm_hook is int8.int8_hook and isinstance(s._ddp_comm_state, int8.Int8State)
-    assert (s._ddp_comm_wrapper, s._compress_plan.wire, s._ddp_kwargs["bucket_cap_mb"]) == (None, None, 25.0)
-    s._compress_plan.check(torch.nn.Linear(2, 2).to(torch.bfloat16))  # floating: fine
+    wire, hook = _resolved(MCCLStrategy(compress="int8"))
+    assert hook.hook is int8.int8_hook and isinstance(hook.state, int8.Int8State)
+    assert (hook.wrapper, wire.wire, wire.bucket_mb) == (None, None, 25.0)
+    assert _resolved(MCCLStrategy(compress="int8"), "mps")[1].hook is int8.int8_hook  # on every device
+    hook.check(torch.nn.Linear(2, 2).to(torch.bfloat16))  # floating: fine
     with pytest.raises(ValueError, match=r"compress='int8'\): parameter 'weight' is torch.complex64"):
-        s._compress_plan.check(torch.nn.Linear(2, 2).to(torch.complex64))
+        hook.check(torch.nn.Linear(2, 2).to(torch.complex64))
     with pytest.raises(ValueError, match="compress='int8'\\) needs process_group_backend='mccl'"):
         MCCLStrategy(compress="int8", process_group_backend="gloo")
     with pytest.raises(ValueError, match="brings its own hook and state"):
         MCCLStrategy(compress="int8", ddp_comm_hook=default_hooks.bf16_compress_hook)
 
 
-@pytest.mark.parametrize("name", ["MCCLStrategy", "MCCLFabricStrategy"])
+@pytest.mark.parametrize("name", ["MCCLStrategy", "MCCLDiLoCoStrategy", "MCCLFabricStrategy"])
 def test_timeout_is_a_timedelta_or_a_positive_number_of_seconds(name):
     import lightning_mccl.lightning
 
@@ -172,41 +184,44 @@ def test_timeout_is_a_timedelta_or_a_positive_number_of_seconds(name):
 
 
 def test_wire_compression_conflicts_are_named(monkeypatch):
-    from lightning_mccl.lightning import compress
+    from functools import partial
 
+    from lightning_mccl.lightning import group
+
+    wire_settings = partial(group.wire_settings, "MCCLStrategy")
     monkeypatch.setenv("MCCL_WIRE_DTYPE", "fp16")
     with pytest.raises(ValueError, match="compress='bf16'\\) but MCCL_WIRE_DTYPE=fp16 in the environment"):
-        compress.wire_settings("bf16", None)
+        wire_settings("bf16", None)
     # the same setting, spelled as the engine also accepts it
-    assert compress.wire_settings("float16", None) == {"MCCL_WIRE_DTYPE": "float16"}
+    assert wire_settings("float16", None) == {"MCCL_WIRE_DTYPE": "float16"}
     monkeypatch.setenv("MCCL_WIRE_DTYPE", "float16")
-    assert compress.wire_settings("fp16", "fp16") == {"MCCL_WIRE_DTYPE": "fp16"}
+    assert wire_settings("fp16", "fp16") == {"MCCL_WIRE_DTYPE": "fp16"}
     assert os.environ["MCCL_WIRE_DTYPE"] == "float16"  # left as it was
     monkeypatch.delenv("MCCL_WIRE_DTYPE")
     # a default group made earlier, uncompressed, that this fit would reuse
     with pytest.raises(ValueError) as info:
-        compress.wire_settings("bf16", "off")
+        wire_settings("bf16", "off")
     assert "existing default process group, which this fit reuses, was made with MCCL_WIRE_DTYPE=off" in str(info.value)
     assert "torch.distributed.destroy_process_group() before this fit" in str(info.value)
-    assert compress.wire_settings("bf16", "bfloat16") == {"MCCL_WIRE_DTYPE": "bf16"}
+    assert wire_settings("bf16", "bfloat16") == {"MCCL_WIRE_DTYPE": "bf16"}
     # compress unset after a compressed fit whose group this fit reuses: the group would train compressed
     with pytest.raises(ValueError) as info:
-        compress.wire_settings(None, "bf16")
+        wire_settings(None, "bf16")
     assert ("MCCLStrategy(compress=None): the existing default process group, which this fit reuses, was made with "
             "MCCL_WIRE_DTYPE=bf16, but the environment says MCCL_WIRE_DTYPE=off (unset)") in str(info.value)
     assert "or pass compress='bf16'" in str(info.value)
-    assert compress.wire_settings(None, "off") == {}  # compress unset, and the group agrees with the environment
+    assert wire_settings(None, "off") == {}  # compress unset, and the group agrees with the environment
     monkeypatch.setenv("MCCL_WIRE_DTYPE", "bfloat16")
-    assert compress.wire_settings(None, "bf16") == {}  # the environment decides, and the group read the same
+    assert wire_settings(None, "bf16") == {}  # the environment decides, and the group read the same
     with pytest.raises(ValueError, match=r"made with MCCL_WIRE_DTYPE=off, but the environment says "
                                          r"MCCL_WIRE_DTYPE=bfloat16 .* or remove MCCL_WIRE_DTYPE from the environment"):
-        compress.wire_settings(None, "off")
+        wire_settings(None, "off")
     monkeypatch.setenv("MCCL_WIRE_DTYPE", "fp16")
     with pytest.raises(ValueError, match=r"or set MCCL_WIRE_DTYPE=bf16 to train as that group does"):
-        compress.wire_settings(None, "bf16")
+        wire_settings(None, "bf16")
     monkeypatch.delenv("MCCL_WIRE_DTYPE")
-    assert compress.wire_settings(None, None) == {}
-    assert compress.wire_settings("bf16", None) == {"MCCL_WIRE_DTYPE": "bf16"}
+    assert wire_settings(None, None) == {}
+    assert wire_settings("bf16", None) == {"MCCL_WIRE_DTYPE": "bf16"}
     assert "MCCL_WIRE_DTYPE" not in os.environ  # never written
 
 
@@ -217,7 +232,7 @@ def test_import_registers_lazily_and_a_failed_registration_only_warns():
         import sys, warnings
         import lightning_mccl
         print("lightning" in sys.modules)
-        sys.modules["lightning_mccl.lightning.strategy"] = None  # make the registration fail
+        sys.modules["lightning_mccl.lightning.names"] = None  # make the registration fail
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             from lightning.pytorch.strategies import StrategyRegistry
@@ -231,7 +246,8 @@ def test_import_registers_lazily_and_a_failed_registration_only_warns():
     assert "the 'mccl' Lightning strategies were not registered" in lines[2], proc.stdout
 
 
-@pytest.mark.parametrize("first", ["MCCLStrategy", "CommMetrics", "MacFleetEnvironment", "MCCLFabricStrategy"])
+@pytest.mark.parametrize("first", ["MCCLStrategy", "MCCLDiLoCoStrategy", "CommMetrics", "MacFleetEnvironment",
+                                   "MCCLFabricStrategy"])
 def test_any_name_imported_first_registers_both_strategy_registries(first):
     """Whichever module of lightning_mccl.lightning imports Lightning first (its import then runs inside that
     module's), the Trainer's and Fabric's "mccl" names end up registered, with no warning."""
@@ -278,7 +294,7 @@ def test_wire_type_travels_in_the_groups_options_not_the_environment(no_launch_e
     from lightning.fabric.plugins.environments import LightningEnvironment
 
     from launch_env import free_port
-    from lightning_mccl import _backend
+    from lightning_mccl import backend as _backend
     from lightning_mccl.lightning import MCCLStrategy
 
     def setup(compress):
@@ -335,109 +351,3 @@ def test_an_existing_default_group_of_another_backend_is_refused(no_launch_env):
         assert torch.distributed.get_backend() == "gloo"  # left as it was
     finally:
         torch.distributed.destroy_process_group()
-
-
-def test_diloco_arguments():
-    """sync="diloco": no DDP comm hook, no bucket default, compress is the pseudo-gradients' wire type (the default
-    group stays uncompressed)."""
-    from lightning_mccl.lightning import MCCLStrategy
-
-    s = MCCLStrategy(sync="diloco", sync_every=4, compress="bf16", outer_lr=0.5, outer_momentum=0.8, sync_delay=4)
-    assert (s.sync, s.sync_every, s.outer_lr, s.outer_momentum, s.sync_delay) == ("diloco", 4, 0.5, 0.8, 4)
-    assert (s._diloco_config.wire, s._compress_plan.wire, s._ddp_comm_hook) == ("bf16", None, None)
-    assert "bucket_cap_mb" not in s._ddp_kwargs
-    assert s.diloco is None and s.outer_group is None  # only during a fit
-    assert MCCLStrategy(sync="diloco", sync_every=1)._diloco_config.wire is None  # float32
-    assert MCCLStrategy()._diloco_config is None and MCCLStrategy().sync == "ddp"
-
-
-def test_diloco_defaults_are_plain_averaging_in_every_place_that_shows_them():
-    """outer_lr=1, outer_momentum=0 (docs/diloco.md): in the strategy's signature (what LightningCLI shows and
-    reads), in what a strategy built without them holds, and in the raw-torch DiLoCo's signature."""
-    import inspect
-
-    from lightning_mccl.diloco import DiLoCo
-    from lightning_mccl.lightning import MCCLStrategy
-
-    for fn in (MCCLStrategy.__init__, DiLoCo.__init__):
-        params = inspect.signature(fn).parameters
-        assert (params["outer_lr"].default, params["outer_momentum"].default, params["sync_delay"].default) \
-            == (1.0, 0.0, 1), fn
-    cfg = MCCLStrategy(sync="diloco", sync_every=4)._diloco_config
-    assert (cfg.outer_lr, cfg.outer_momentum, cfg.sync_delay) == (1.0, 0.0, 1)
-    assert MCCLStrategy(outer_lr=1.0, outer_momentum=0.0, sync_delay=1).sync == "ddp"  # the defaults, not settings
-
-
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(sync="local"), "MCCLStrategy(sync='local'): expected one of ('ddp', 'diloco')"),
-    (dict(sync="diloco"), "MCCLStrategy(sync='diloco') needs sync_every=H, the training batches per round"),
-    (dict(sync="diloco", sync_every=0), "MCCLStrategy(sync_every=0): expected the inner steps per round, an int >= 1"),
-    (dict(sync="diloco", sync_every=4, sync_delay=5), "MCCLStrategy(sync_delay=5): expected an int from 1 to "
-                                                      "sync_every=4"),
-    (dict(sync="diloco", sync_every=4, outer_momentum=1.5), "MCCLStrategy(outer_momentum=1.5): expected a number"),
-    (dict(sync="diloco", sync_every=4, compress="powersgd"), "MCCLStrategy(sync='diloco', compress='powersgd'): "
-                                                             "DiLoCo has no DDP comm hooks"),
-    (dict(sync="diloco", sync_every=4, compress="bf16_hook"), "MCCLStrategy(sync='diloco', compress='bf16_hook'): "
-                                                              "DiLoCo has no DDP comm hooks"),
-    (dict(sync="diloco", sync_every=4, compress="int8", process_group_backend="gloo"),
-     "MCCLStrategy(sync='diloco', compress='int8') needs process_group_backend='mccl'"),
-    (dict(sync="diloco", sync_every=4, ddp_comm_hook=default_hooks.allreduce_hook),
-     "MCCLStrategy(sync='diloco', ddp_comm_hook=<function allreduce_hook"),
-    (dict(sync="diloco", sync_every=4, bucket_cap_mb=25, static_graph=True),
-     "MCCLStrategy(sync='diloco', bucket_cap_mb=25, static_graph=True): DDP settings, and sync='diloco' does not "
-     "wrap the model in DDP"),
-    (dict(sync="diloco", sync_every=4, compress="bf16", process_group_backend="gloo"),
-     "MCCLStrategy(sync='diloco', compress='bf16') needs process_group_backend='mccl'"),
-    (dict(sync_every=4), "MCCLStrategy(sync_every=4): these apply to sync='diloco' only"),
-    (dict(outer_lr=0.5, sync_delay=2), "MCCLStrategy(outer_lr=0.5, sync_delay=2): these apply to sync='diloco' only"),
-])
-def test_diloco_bad_arguments_are_named(kwargs, message):
-    from lightning_mccl.lightning import MCCLStrategy
-
-    with pytest.raises(ValueError) as info:
-        MCCLStrategy(**kwargs)
-    assert str(info.value).startswith(message), str(info.value)
-
-
-@pytest.mark.parametrize("trainer_kwargs,message", [
-    (dict(accumulate_grad_batches=3), "MCCLStrategy(sync='diloco', sync_every=4) with Trainer(accumulate_grad_"
-                                      "batches=3): a round must end on an optimizer step, so accumulate_grad_batches "
-                                      "must divide sync_every"),
-    (dict(accumulate_grad_batches=4, strategy_kwargs=dict(sync_delay=2)),
-     "MCCLStrategy(sync='diloco', sync_delay=2): more than the 1 optimizer steps of a round"),
-    (dict(sync_batchnorm=True), "MCCLStrategy(sync='diloco') with Trainer(sync_batchnorm=True): that synchronises "
-                                "every forward pass"),
-    (dict(model="two_optimizers"), "MCCLStrategy(sync='diloco') counts a round in the steps of one optimizer; this "
-                                   "LightningModule has 2"),
-])
-def test_diloco_trainer_settings_that_do_not_fit_are_named_at_setup(no_launch_env, tmp_path, trainer_kwargs, message):
-    """A one-rank fit over a real mccl group: the Trainer's setting is refused when the strategy sets up, before
-    any step."""
-    import lightning as L
-
-    from fit_script import TinyModel
-    from launch_env import free_port
-    from lightning_mccl.lightning import MCCLStrategy
-
-    class TwoOptimizers(TinyModel):
-        def __init__(self):
-            super().__init__()
-            self.automatic_optimization = False
-
-        def configure_optimizers(self):
-            return [torch.optim.SGD(self.net[0].parameters(), lr=0.1), torch.optim.SGD(self.net[2].parameters(), lr=0.1)]
-
-    model = TwoOptimizers() if trainer_kwargs.pop("model", None) else TinyModel()
-    no_launch_env.setenv("MASTER_PORT", str(free_port()))
-    strategy = MCCLStrategy(sync="diloco", sync_every=4, timeout=30, **trainer_kwargs.pop("strategy_kwargs", {}))
-    trainer = L.Trainer(strategy=strategy, accelerator="cpu", devices=1, max_steps=2, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        default_root_dir=str(tmp_path), **trainer_kwargs)
-    try:
-        with pytest.raises(ValueError) as info:
-            trainer.fit(model)
-        assert str(info.value).startswith(message), str(info.value)
-        assert trainer.global_step == 0
-    finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()

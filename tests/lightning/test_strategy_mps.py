@@ -81,9 +81,9 @@ def test_lightning_cli_on_mps_string_and_class_path(mps_stand_in, tmp_path):
         cli = LightningCLI(TinyModel, run=False, save_config_callback=None, args=common + [f"--config={config}"])
         strategy = cli.trainer.strategy
         assert type(strategy) is MCCLStrategy and isinstance(cli.trainer.accelerator, MPSAccelerator)
-        assert (strategy.compress, strategy._ddp_comm_hook, strategy._compress_plan.wire) == ("bf16", None, "bf16")
-        strategy._choose_compression()  # at setup: the root device is MPS, so torch's hook casts on the device
-        assert (strategy._ddp_comm_hook, strategy._compress_plan.wire) == (default_hooks.bf16_compress_hook, None)
+        assert (strategy.compress, strategy._ddp_comm_hook, strategy.wire) == ("bf16", None, None)
+        strategy.resolve_wire()  # at setup: the root device is MPS, so torch's hook casts on the device
+        assert (strategy._ddp_comm_hook, strategy.wire.wire) == (default_hooks.bf16_compress_hook, None)
         assert strategy._timeout == timedelta(seconds=60)
         cli = LightningCLI(TinyModel, run=False, save_config_callback=None,
                            args=common + ["--trainer.strategy=mccl_fp16_compress"])
@@ -204,7 +204,7 @@ def test_the_diloco_fleet_config_instantiates_through_lightning_cli(mps_stand_in
     from lightning.pytorch.cli import LightningCLI
 
     from fit_script import TinyModel
-    from lightning_mccl.lightning import MCCLStrategy
+    from lightning_mccl.lightning import MCCLDiLoCoStrategy
 
     config = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "vit_fleet24_diloco.yaml").read_text())
     path = tmp_path / "trainer.yaml"
@@ -213,8 +213,9 @@ def test_the_diloco_fleet_config_instantiates_through_lightning_cli(mps_stand_in
         cli = LightningCLI(TinyModel, run=False, save_config_callback=None,
                            args=[f"--config={path}", f"--trainer.default_root_dir={tmp_path}"])
     strategy = cli.trainer.strategy
-    assert type(strategy) is MCCLStrategy and isinstance(cli.trainer.accelerator, MPSAccelerator)
+    assert type(strategy) is MCCLDiLoCoStrategy and isinstance(cli.trainer.accelerator, MPSAccelerator)
     assert cli.trainer.num_nodes == 24
-    assert (strategy.sync, strategy.sync_every, strategy.sync_delay, strategy.outer_lr, strategy.outer_momentum,
-            strategy.compress) == ("diloco", 4, 1, 1.0, 0.0, "bf16")
-    assert strategy._diloco_config.wire == "bf16" and strategy._timeout == timedelta(seconds=600)
+    assert (strategy.sync_every, strategy.sync_delay, strategy.outer_lr, strategy.outer_momentum,
+            strategy.compress) == (4, 1, 1.0, 0.0, "bf16")
+    strategy.resolve_wire()  # on MPS the pseudo-gradients are cast to bf16 on the device
+    assert (strategy.wire.cast, strategy.wire.wire) == ("bf16", None) and strategy._timeout == timedelta(seconds=600)

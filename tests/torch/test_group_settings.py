@@ -2,7 +2,7 @@
 when it is made, so two groups in one process differ, and a variable set after a group was made applies to
 the next group only. Observed through the bytes each group's engine put on the wire (stats()): bf16 on
 the wire halves them, and the values come back rounded to bf16; and through the wire type each group's engine
-says it read (`_backend.wire_dtype_of`)."""
+says it read (`backend.wire_dtype_of`)."""
 from __future__ import annotations
 
 import pytest
@@ -20,7 +20,7 @@ def _groups_differ(rank, world):
 
     import lightning_mccl
     from lightning_mccl import stats
-    from lightning_mccl._backend import wire_dtype_of
+    from lightning_mccl.backend import wire_dtype_of
 
     x = torch.full((COUNT,), 1.0 + 2.0 ** -12)  # not a bfloat16: bf16 on the wire rounds it to 1.0
     ranks = list(range(world))

@@ -53,7 +53,7 @@ def test_a_registration_that_fails_within_torchs_import_warns_and_torch_imports(
     out = run_python("""
         import sys, warnings
         import lightning_mccl
-        sys.modules["lightning_mccl._backend"] = None  # make the registration fail
+        sys.modules["lightning_mccl.backend"] = None  # make the registration fail
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             import torch

@@ -24,7 +24,7 @@ def _known_traffic(rank, world):
 
     import lightning_mccl
     from lightning_mccl import clock_ns, stats, timeline
-    from lightning_mccl._stats import FIELDS
+    from lightning_mccl.counters import FIELDS
 
     zero = dict.fromkeys(FIELDS, 0)
 
@@ -131,7 +131,7 @@ def _compressed_ring(rank, world):
     import torch.distributed as dist
 
     from lightning_mccl import stats, timeline
-    from lightning_mccl._backend import wire_dtype_of
+    from lightning_mccl.backend import wire_dtype_of
 
     dist.all_reduce(torch.ones(RING_COUNT))
     dist.all_reduce(torch.ones(RING_COUNT, dtype=torch.float64))  # not compressed
@@ -157,7 +157,7 @@ def test_stats_and_timeline_without_an_mccl_group_are_value_errors_naming_why():
 
     from lightning_mccl import clock_ns, stats, timeline
 
-    from lightning_mccl._backend import wire_dtype_of
+    from lightning_mccl.backend import wire_dtype_of
 
     for call, name in ((stats, "stats"), (timeline, "timeline")):
         with pytest.raises(ValueError, match=f"^lightning_mccl.{name}: torch.distributed is not initialized$"):

@@ -244,14 +244,16 @@ def test_build_methods_names_an_unknown_one():
 
 
 def test_the_plans_defaults_are_the_strategys():
-    pytest.importorskip("lightning")
-    from lightning_mccl.lightning.compress import POWERSGD_DEFAULTS
-    from lightning_mccl.lightning.group import BUCKET_CAP_MB, INT8_BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB
+    """The plan reads the strategies' defaults where they are declared (the wire policy's rows, DiLoCo's
+    settings), and the fleet's DiLoCo config trains with them."""
+    from lightning_mccl import wire_policy
+    from lightning_mccl.diloco.settings import SYNC_EVERY
 
     s = Settings()
-    assert (s.bucket_mb, s.powersgd_bucket_mb, s.int8_bucket_mb, s.powersgd_rank) == (
-        BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB, INT8_BUCKET_CAP_MB, POWERSGD_DEFAULTS["matrix_approximation_rank"])
-    # DiLoCo's H and tau: the fleet config's, as predict.py says
+    rows = wire_policy.ROWS
+    assert (s.bucket_mb, s.powersgd_bucket_mb, s.int8_bucket_mb, s.powersgd_rank, s.sync_every) == (
+        rows[None].bucket_mb, rows["powersgd"].bucket_mb, rows["int8"].bucket_mb,
+        rows["powersgd"].options["matrix_approximation_rank"], SYNC_EVERY)
     config = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "vit_fleet24_diloco.yaml")
     with open(config) as f:
         strategy = yaml.safe_load(f)["trainer"]["strategy"]["init_args"]

@@ -18,7 +18,7 @@ import time
 from typing import List, Optional, Sequence
 
 from ..plan.link import EXCHANGE_EFFICIENCY, HOOK_LATENCY_S, OP_LATENCY_S, STEP_LATENCY_S, Link
-from ..plan.methods import DILOCO_WIRES, METHODS
+from ..plan.methods import BF16, DDP, DILOCO_WIRES, METHODS, Int8, PowerSGD
 from ..plan.predict import Settings, build_methods, predict
 from ..plan.profile import ProfileError, load, save
 from ..switch.rates import format_rate, line_rate_goodput, parse_rate
@@ -281,16 +281,16 @@ def assumptions(profile, link, args, settings, methods) -> List[str]:
     for m in methods:
         first = getattr(m, "first_cap_bytes", 0)
         first = f" (the first {first / MIB:g})" if first and first != m.cap_bytes else ""
-        if m.name in ("ddp", "bf16", "int8"):
+        if m.name in (DDP.name, BF16.name, Int8.name):
             shares = ", ".join(f"{share:g} up to {ranks} hosts" if ranks else f"{share:g} above"
                                for ranks, share in EXCHANGE_EFFICIENCY)
-            how = {"int8": ", the 8-bit exchange at " + (format_rate(settings.int8_codec_Bps * 8) + " (given)"
+            how = {Int8.name: ", the 8-bit exchange at " + (format_rate(settings.int8_codec_Bps * 8) + " (given)"
                                                           if settings.int8_codec_Bps else
                                                           f"the share of the goodput the stand-in measured ({shares})")}
             lines.append(f"{m.name}: {len(m.buckets(profile))} buckets of {m.cap_bytes / MIB:g} MiB{first}, "
                          f"their allreduces overlapping the backward pass{how.get(m.name, '')}")
-        elif m.name == "powersgd":
-            lines.append(f"powersgd: rank {settings.powersgd_rank}, {len(m.buckets(profile))} bucket(s) of "
+        elif m.name == PowerSGD.name:
+            lines.append(f"{m.name}: rank {settings.powersgd_rank}, {len(m.buckets(profile))} bucket(s) of "
                          f"{m.cap_bytes / MIB:g} MiB{first}, same-shaped matrices batched")
         else:
             lines.append(f"diloco: H = {settings.sync_every} inner steps per outer sync, the pseudo-gradient as "

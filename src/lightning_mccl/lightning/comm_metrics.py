@@ -43,7 +43,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.data import extract_batch_size
 
-from .._stats import mccl_backend, totals
+from ..counters import mccl_backend, totals
 from ..rendezvous import launcher_hosts
 from .straggler import (DEFAULT_PATIENCE, DEFAULT_THRESHOLD, SUMMARY_MARKER_ENV, RankWindow, StragglerReport,
                         summary_text)

@@ -6,9 +6,9 @@
 
 With a hostfile (`lightning_mccl.hostfile`), each Mac finds its node rank by matching its own addresses
 against the hosts' `addr` (or from MCCL_NODE_RANK / NODE_RANK / GROUP_RANK: `hostfile.NODE_RANK_VARS`), the
-main address is host 0's `addr` and the port is the file's `master_port`. The host's `ifname`, when given,
-becomes MCCL_SOCKET_IFNAME unless that is already set. Without a hostfile the values come from the variables
-torchrun and Lightning's launcher set.
+main address is host 0's `addr` and the port is the file's `master_port`. The host's `ifname`, when given, is
+`ifname`: the strategies' group listens there (MCCL_SOCKET_IFNAME in its pg_options, unless the environment
+names one). Without a hostfile the values come from the variables torchrun and Lightning's launcher set.
 
 Environment variables win over the hostfile where both say something (MASTER_ADDR, MASTER_PORT, the node
 rank): a launcher that set them (torchrun, Lightning's own for its child processes) is authoritative.
@@ -65,11 +65,10 @@ class MacFleetEnvironment(ClusterEnvironment):
             hostfile = load_hostfile(hostfile)
         self.hostfile: Optional[Hostfile] = hostfile
         self._host_node_rank: Optional[int] = None
+        self.ifname: Optional[str] = None  # the interface this host's ranks listen on, from the hostfile
         if hostfile is not None:
             self._host_node_rank = find_node_rank(hostfile)
-            ifname = hostfile.hosts[self._host_node_rank].ifname
-            if ifname and not os.environ.get(IFNAME_VAR):
-                os.environ[IFNAME_VAR] = ifname
+            self.ifname = hostfile.hosts[self._host_node_rank].ifname or None
         self._main_port: Optional[int] = None
         self._world_size: int = _int_env("WORLD_SIZE") or 1
         self._global_rank: int = _int_env("RANK") or 0

@@ -1,6 +1,6 @@
 """The default process group of the mccl strategies, one setup for the Trainer's (`MCCLStrategy`) and
-Fabric's (`MCCLFabricStrategy`): the timeout, the fleet's cluster environment, DDP's bucket size, the
-rendezvous and the exit hook.
+Fabric's (`MCCLFabricStrategy`) and DiLoCo's (`MCCLDiLoCoStrategy`): the timeout, the fleet's cluster
+environment, the group's settings, the rendezvous and the exit hook.
 
 `init_default_group` is what both strategies' setup calls instead of Lightning's `_init_dist_connection`
 alone:
@@ -10,7 +10,8 @@ alone:
   `_InfiniteBarrier` would be bound to MPS, where Gloo cannot run. mccl needs no binding.
 - a new group rendezvouses through `lightning_mccl.rendezvous` (torch's TCPStore, waiting in Python): ranks that
   have not arrived are named every few seconds, and after the group timeout in the error; its settings (the
-  strategy's `options`, the wire type) go in its `pg_options`, never in the environment.
+  strategy's `options`, the wire type, the hostfile's interface) go in its `pg_options`, never in the
+  environment.
 - a default group that exists already is reused, as Lightning's DDP reuses its own, but only an mccl one:
   Lightning would otherwise train silently over whatever backend it runs (ValueError naming it).
 - the group this made is destroyed at interpreter exit (`destroy_at_exit`), before interpreter shutdown tears
@@ -26,7 +27,7 @@ import os
 import signal
 import threading
 from datetime import timedelta
-from typing import Callable, Dict, Optional, Union
+from typing import Dict, Mapping, Optional, Union
 
 import torch
 import torch.distributed
@@ -35,26 +36,15 @@ from lightning.fabric.plugins import ClusterEnvironment
 from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 
-from .. import _backend  # importing the lightning_mccl package registered the "mccl" backend
+from .. import wire_policy
+from ..backend import wire_dtype_of, wire_type
 from ..options import Options
-from .environment import MacFleetEnvironment
-from .internals import checked
+from ..wire_policy import WIRE_ENV
+from .environment import IFNAME_VAR, MacFleetEnvironment
+from .internals import INIT_DIST, checked
 
-_init_dist_connection = checked("lightning.fabric.utilities.distributed", "_init_dist_connection",
-                                ("cluster_environment", "torch_distributed_backend"))
-
-BACKEND = _backend.BACKEND_NAME
+BACKEND = wire_policy.MCCL
 DEFAULT_TIMEOUT = default_pg_timeout  # torch's 30 minutes, as Lightning's DDP
-# DDP's bucket size over mccl when bucket_cap_mb is not given: 5 MB (docs/performance.md, "DDP settings for
-# fleets"); other backends keep DDP's 25.
-BUCKET_CAP_MB = 5.0
-# The same for compress="powersgd": one bucket, so that the hook's chain of collectives and matrix work runs
-# once a step (docs/performance.md, "DDP settings for fleets", PowerSGD wants one bucket).
-POWERSGD_BUCKET_CAP_MB = 1000.0
-# The same for compress="int8": 25 MB, since each bucket pays the codec's fixed cost (about 37 device kernels
-# to queue) and the exchange's per-collective cost (docs/int8.md, "Speed on the fleet stand-in": 25 MB buckets
-# 7-8% faster than 5 MB at 8 hosts, in two runs).
-INT8_BUCKET_CAP_MB = 25.0
 
 
 def group_timeout(timeout: Optional[Union[timedelta, float]], owner: str) -> Optional[timedelta]:
@@ -65,13 +55,6 @@ def group_timeout(timeout: Optional[Union[timedelta, float]], owner: str) -> Opt
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ValueError(f"{owner}(timeout={timeout!r}): expected a timedelta or a positive number of seconds")
     return timedelta(seconds=timeout)
-
-
-def bucket_cap_mb(given: Optional[float], backend: Optional[str], compress: Optional[str] = None) -> Optional[float]:
-    """DDP's bucket_cap_mb for a strategy: `given`, else the fleet default over mccl, else None (DDP's own)."""
-    if given is not None or backend != BACKEND:
-        return given
-    return {"powersgd": POWERSGD_BUCKET_CAP_MB, "int8": INT8_BUCKET_CAP_MB}.get(compress, BUCKET_CAP_MB)
 
 
 def check_devices_per_node(devices: int, num_nodes: int) -> None:
@@ -99,12 +82,13 @@ def fleet_environment(env: Optional[ClusterEnvironment]) -> Optional[ClusterEnvi
 
 
 def init_default_group(owner: str, env: ClusterEnvironment, timeout: Optional[timedelta],
-                       settings: Callable[[Optional[str]], Dict[str, str]] = lambda existing: {}) -> bool:
+                       options: Mapping[str, str], wire: Optional[str]) -> bool:
     """Makes (or reuses) the default mccl group as the module docstring says; True when it made one.
 
-    `settings(existing)` gives the new group's pg_options settings; `existing` is the wire type the engine of
-    the default group that already exists read (None when there is none), so that the caller can refuse a
-    reuse that would train otherwise than asked (compress.wire_settings)."""
+    A new group is made with `options` (MCCL_* settings), the wire type `wire` (the wire policy's resolution:
+    None leaves it to the environment) and the fleet's interface; a group that exists already is reused only
+    when its engine read the wire type this fit asks for (`wire_settings`)."""
+    connect = checked(*INIT_DIST)
     created = not torch.distributed.is_initialized()
     if not created:
         backend = torch.distributed.get_backend()
@@ -112,14 +96,58 @@ def init_default_group(owner: str, env: ClusterEnvironment, timeout: Optional[ti
             raise ValueError(f"{owner}: the default process group that already exists runs {backend!r}, not mccl: "
                              f"destroy it first (torch.distributed.destroy_process_group()) or use "
                              f"process_group_backend={backend!r}")
-    wanted = settings(None if created else _backend.wire_dtype_of())
-    kwargs = {}
-    if created:
-        kwargs = {"store": rendezvous_store(env, timeout), "pg_options": Options(wanted) if wanted else None}
-    _init_dist_connection(env, BACKEND, timeout=timeout, **kwargs)
-    if created:
-        destroy_at_exit()
-    return created
+        wire_settings(owner, wire, wire_dtype_of())
+        connect(env, BACKEND, timeout=timeout)
+        return False
+    settings = {**fleet_settings(env, options), **options, **wire_settings(owner, wire, None)}
+    connect(env, BACKEND, timeout=timeout, store=rendezvous_store(env, timeout),
+            pg_options=Options(settings) if settings else None)
+    destroy_at_exit()
+    return True
+
+
+def fleet_settings(env: ClusterEnvironment, options: Mapping[str, str]) -> Dict[str, str]:
+    """The settings a group takes from the fleet's hostfile: its host's interface (`ifname`), as MCCL_SOCKET_IFNAME,
+    unless the environment or the strategy's options name one."""
+    ifname = env.ifname if isinstance(env, MacFleetEnvironment) else None
+    if not ifname or os.environ.get(IFNAME_VAR) or IFNAME_VAR in options:
+        return {}
+    return {IFNAME_VAR: ifname}
+
+
+def wire_settings(owner: str, wire: Optional[str], existing: Optional[str]) -> Dict[str, str]:
+    """The pg_options settings that give a new mccl group the wire type `wire`: {MCCL_WIRE_DTYPE: wire}, or {} when
+    `wire` is None (the environment decides, as without the strategy). `existing` is the MCCL_WIRE_DTYPE that the
+    engine of the default group which already exists, and which Lightning will reuse, read (None: there is none).
+    ValueError when the environment, or that group, says otherwise; with `wire` None, when that group's setting is
+    not the environment's (a fit after a compressed one would otherwise train compressed without asking). Every
+    rank runs the same code, so every rank passes the same value; the engine checks that on the wire too. Never
+    writes the environment."""
+    env = os.environ.get(WIRE_ENV)
+    if wire is None:
+        have = None if existing is None else wire_type(existing)
+        if have is not None and have != wire_type(env if env is not None else "off"):
+            if have == "off":
+                hint = f"remove {WIRE_ENV} from the environment"
+            elif env is None:
+                hint = f"pass compress={have!r}"
+            else:
+                hint = f"set {WIRE_ENV}={have}"
+            raise ValueError(f"{owner}(compress=None): the existing default process group, which this fit reuses, "
+                             f"was made with {WIRE_ENV}={existing}, but the environment says "
+                             f"{WIRE_ENV}={env if env is not None else 'off (unset)'} (a group keeps what it read "
+                             f"when it was made); call torch.distributed.destroy_process_group() before this fit, "
+                             f"or {hint} to train as that group does")
+        return {}
+    want = wire_type(wire)
+    if env is not None and wire_type(env) != want:
+        raise ValueError(f"{owner}(compress={wire!r}) but {WIRE_ENV}={env} in the environment: remove the variable "
+                         f"or make them agree")
+    if existing is not None and wire_type(existing) != want:
+        raise ValueError(f"{owner}(compress={wire!r}): the existing default process group, which this fit reuses, "
+                         f"was made with {WIRE_ENV}={existing} (a group keeps what it read when it was made); call "
+                         f"torch.distributed.destroy_process_group() before this fit, or use the same compress")
+    return {WIRE_ENV: wire}
 
 
 def rendezvous_store(env: ClusterEnvironment, timeout: Optional[timedelta]) -> torch.distributed.Store:

@@ -11,9 +11,10 @@ Everything else goes through Lightning's public strategy methods. These have no 
   `_register_ddp_hooks`; Fabric's `_setup_distributed`, `_set_world_ranks` and `_determine_ddp_device_ids`.
 
 Each is looked up by name and its parameters are compared with the ones this code calls it with (an
-override's: its own). When a Lightning release renames or reshapes one, importing the strategy fails with
-`LightningVersionError` naming the Lightning version and the tested ones, instead of misbehaving later (an
-override of a renamed method would silently never be called).
+override's: its own). When a Lightning release renames or reshapes one, making a strategy (`check_lightning`)
+or importing it (an override, `checked_override`) fails with `LightningVersionError` naming the Lightning
+version and the tested ones, instead of misbehaving later (an override of a renamed method would silently
+never be called).
 """
 from __future__ import annotations
 
@@ -67,6 +68,26 @@ def checked(module: str, qualname: str, params: Sequence[str]) -> Any:
     if names[:len(params)] != list(params) or required_extra:
         raise _fail(what, f"has parameters ({', '.join(names)}), expected ({', '.join(params)}, ...)")
     return obj
+
+
+# The private functions called (not overridden), with the first parameters this code relies on.
+INIT_DIST = ("lightning.fabric.utilities.distributed", "_init_dist_connection",
+             ("cluster_environment", "torch_distributed_backend"))
+CONNECTOR_CHECKS = (
+    ("lightning.pytorch.trainer.connectors.accelerator_connector",
+     "_AcceleratorConnector._check_config_and_set_final_flags",
+     ("self", "strategy", "accelerator", "precision", "plugins", "sync_batchnorm")),
+    ("lightning.fabric.connector", "_Connector._check_config_and_set_final_flags",
+     ("self", "strategy", "accelerator", "precision", "plugins")),
+)
+
+
+def check_lightning() -> None:
+    """LightningVersionError unless the private functions this package calls (`_init_dist_connection`) or wraps
+    (the connectors' MPS check, mps_gate.py) have the shapes it was tested with; the strategies call it when
+    they are made, so that a new Lightning fails at once, naming itself, and never half-way through a fit."""
+    for module, qualname, params in (INIT_DIST, *CONNECTOR_CHECKS):
+        checked(module, qualname, params)
 
 
 def checked_override(module: str, qualname: str) -> Callable[[Callable], Callable]:

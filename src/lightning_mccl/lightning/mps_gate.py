@@ -1,4 +1,5 @@
-"""Lets mccl's strategy instances past the MPS check of Lightning's connectors, and nothing else.
+"""Lets mccl's strategy instances past the MPS check of Lightning's connectors, and nothing else (registration.py
+installs it, on machines where Lightning's MPS accelerator is available).
 
 The Trainer's `_AcceleratorConnector._check_config_and_set_final_flags` (and Fabric's
 `_Connector._check_config_and_set_final_flags`, the same check) raises "strategies from the DDP family are not
@@ -8,8 +9,9 @@ they are; an instance (`strategy=MCCLStrategy(...)`, LightningCLI's `class_path`
 of the strategy can change an isinstance check, and Lightning runs the check before the strategy is asked
 anything.
 
-So that one method of each connector is wrapped (checked at import, see `internals`): for an instance of
-our strategy (`MCCLStrategy`, `MCCLFabricStrategy`) it runs Lightning's method unchanged, with the instance
+So that one method of each connector is wrapped (its shape checked, see `internals`): for an instance of one
+of our strategies (a class with `runs_on_mps = True`: `MCCLStrategy`, `MCCLDiLoCoStrategy`, `MCCLFabricStrategy`)
+it runs Lightning's method unchanged, with the instance
 seen through a view, a `Strategy` of that front end that is not a
 `ParallelStrategy` and reads every attribute from the instance (the method copies its accelerator, precision,
 checkpoint_io, cluster environment and devices into the connector); then the connector's strategy flag is the
@@ -19,15 +21,32 @@ Trainer built at the same time on another thread sees Lightning as it is.
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+import importlib
+from typing import Any, Callable, Tuple
 
-from lightning.pytorch.strategies import Strategy
+from .internals import CONNECTOR_CHECKS, LightningVersionError, checked, lightning_version
 
-from .internals import LightningVersionError, checked, lightning_version
+# (the connector's check as internals.py checks it, the module of the front end's Strategy)
+TRAINER = (CONNECTOR_CHECKS[0], "lightning.pytorch.strategies")
+FABRIC = (CONNECTOR_CHECKS[1], "lightning.fabric.strategies")
+MARK = "_mccl_gate"  # set on the wrapper, so that it wraps once
+STRATEGY_MARK = "runs_on_mps"  # the class attribute of the strategies the gate lets through
 
-TRAINER = ("lightning.pytorch.trainer.connectors.accelerator_connector", "_AcceleratorConnector",
-           ("self", "strategy", "accelerator", "precision", "plugins", "sync_batchnorm"))
-FABRIC = ("lightning.fabric.connector", "_Connector", ("self", "strategy", "accelerator", "precision", "plugins"))
+
+def mps_available() -> bool:
+    """Whether Lightning's MPS accelerator is available here (only then does its connector refuse our instances)."""
+    from lightning.fabric.accelerators import MPSAccelerator
+
+    return MPSAccelerator.is_available()
+
+
+def connector_method(connector: tuple) -> Tuple[type, str]:
+    """The connector class whose check the gate wraps, and the method's name; LightningVersionError when its shape
+    is not the one this code was tested with."""
+    (module, qualname, params), _ = connector
+    checked(module, qualname, params)
+    cls, method = qualname.split(".")
+    return getattr(importlib.import_module(module), cls), method
 
 
 def _view_class(base: type) -> type:
@@ -45,27 +64,22 @@ def _view_class(base: type) -> type:
     return _ConfigView
 
 
-def install(strategy_class: type, connector: tuple = TRAINER, strategy_base: Optional[type] = None) -> None:
-    """Wraps the connector's check once per process for instances of `strategy_class` (a subclass of
-    `strategy_base`, by default the Trainer's Strategy)."""
-    module, cls, params = connector
-    check = checked(module, f"{cls}._check_config_and_set_final_flags", params)
-    connector_class = getattr(__import__(module, fromlist=[cls]), cls)
-    original = connector_class._check_config_and_set_final_flags
-    if getattr(original, "_mccl_gate", False):
-        return
-    view_class = _view_class(strategy_base or Strategy)
+def gated(original: Callable, connector: tuple) -> Callable:
+    """`original` (the connector's check) wrapped: our strategy instances pass through a view, others go as they
+    are."""
+    (module, qualname, _), strategies = connector
+    view_class = _view_class(importlib.import_module(strategies).Strategy)
 
-    @functools.wraps(check)
+    @functools.wraps(original)
     def _check_config_and_set_final_flags(self: Any, strategy: Any, *args: Any, **kwargs: Any) -> None:
-        if not isinstance(strategy, strategy_class):
+        if not getattr(type(strategy), STRATEGY_MARK, False):
             return original(self, strategy, *args, **kwargs)
         view = view_class(strategy)
         original(self, view, *args, **kwargs)
         if getattr(self, "_strategy_flag", None) is not view:
-            raise LightningVersionError(f"{module}.{cls} no longer keeps the strategy in _strategy_flag "
+            raise LightningVersionError(f"{module}.{qualname.split('.')[0]} no longer keeps the strategy in _strategy_flag "
                                         f"(Lightning {lightning_version()})")
         self._strategy_flag = strategy
 
-    _check_config_and_set_final_flags._mccl_gate = True  # type: ignore[attr-defined]
-    connector_class._check_config_and_set_final_flags = _check_config_and_set_final_flags
+    setattr(_check_config_and_set_final_flags, MARK, True)
+    return _check_config_and_set_final_flags

@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import List, Optional
 
+from .. import wire_policy
+from ..wire_policy import ROWS
 from .buckets import MIB, Bucket, buckets
 from .link import BF16_WIRE_EFFICIENCY, Link
 from .profile import Param, Profile
@@ -65,14 +67,14 @@ class Bucketed:
 
 
 class DDP(Bucketed):
-    name = "ddp"
+    name = ROWS[None].plan
 
     def chain(self, bucket: Bucket, profile: Profile) -> Chain:
         return Chain(bucket.ready_s, (Collective(bucket.nbytes),))
 
 
 class BF16(Bucketed):
-    name = "bf16"
+    name = ROWS[wire_policy.BF16].plan
 
     def chain(self, bucket: Bucket, profile: Profile) -> Chain:
         k = profile.kernels
@@ -86,7 +88,7 @@ def int8_bytes(numel: int, block: int = INT8_BLOCK) -> int:
 
 
 class Int8(Bucketed):
-    name = "int8"
+    name = ROWS[wire_policy.INT8].plan
 
     def __init__(self, bucket_mb: float, first_bucket_mb: Optional[float] = None, codec_Bps: Optional[float] = None):
         super().__init__(bucket_mb, first_bucket_mb)
@@ -109,7 +111,7 @@ def powersgd_matrix(p: Param, rank: int):
 
 
 class PowerSGD(Bucketed):
-    name = "powersgd"
+    name = ROWS[wire_policy.POWERSGD].plan
 
     def __init__(self, rank: int, bucket_mb: float, first_bucket_mb: Optional[float] = None):
         super().__init__(bucket_mb, first_bucket_mb)
@@ -132,7 +134,9 @@ class PowerSGD(Bucketed):
                      issued_s=cost.p_s * share, after_s=cost.d_s * share, hook=True)
 
 
-DILOCO_WIRES = ("float32", "bf16", "int8")
+DILOCO = "diloco"  # the plan's name for DiLoCo (MCCLDiLoCoStrategy)
+# how DiLoCo's pseudo-gradient may travel: the wire policy's DiLoCo rows (fp16 costs what bf16 does)
+DILOCO_WIRES = tuple(ROWS[c].name for c in (None, *wire_policy.DILOCO_CHOICES) if c != wire_policy.FP16)
 
 
 class DiLoCo:
@@ -141,9 +145,10 @@ class DiLoCo:
     allreduce those tau steps did not hide (docs/diloco.md). A round: H x compute + pseudo-gradient + outer
     step + max(0, allreduce - tau x compute); the step is a round's average. The wire: float32, bf16 (the
     engine narrows on the wire, at BF16_WIRE_EFFICIENCY of the link) or int8 (the 8-bit exchange)."""
-    name = "diloco"
+    name = DILOCO
 
-    def __init__(self, sync_every: int, sync_delay: int = 1, wire: str = "bf16", codec_Bps: Optional[float] = None):
+    def __init__(self, sync_every: int, sync_delay: int = 1, wire: str = wire_policy.BF16,
+                 codec_Bps: Optional[float] = None):
         if sync_every < 1:
             raise ValueError(f"sync_every must be at least 1, got {sync_every}")
         if not 1 <= sync_delay <= sync_every:
@@ -156,9 +161,9 @@ class DiLoCo:
         if n < 2:
             return Timing(profile.step_s, 0.0)
         numel = sum(p.numel for p in profile.params)
-        if self.wire == "int8":
+        if self.wire == wire_policy.INT8:
             allreduce = link.allreduce_s(int8_bytes(numel), n, rate_Bps=self.codec_Bps, exchange=True)
-        elif self.wire == "bf16":
+        elif self.wire == wire_policy.BF16:
             allreduce = link.allreduce_s(numel * BF16_BYTES, n, rate_Bps=BF16_WIRE_EFFICIENCY * link.goodput_Bps)
         else:
             allreduce = link.allreduce_s(profile.grad_bytes, n)
@@ -169,4 +174,4 @@ class DiLoCo:
         return Timing(round_s / self.sync_every, allreduce / self.sync_every)
 
 
-METHODS = ("ddp", "bf16", "int8", "powersgd", "diloco")
+METHODS = (DDP.name, BF16.name, Int8.name, PowerSGD.name, DILOCO)

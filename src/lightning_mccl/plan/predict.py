@@ -10,20 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
+from ..diloco.settings import SYNC_EVERY
+from ..wire_policy import BF16 as BF16_WIRE, INT8, POWERSGD, ROWS
 from .link import Link
-from .methods import BF16, DDP, DiLoCo, Int8, METHODS, PowerSGD
+from .methods import BF16, DDP, DILOCO, DiLoCo, Int8, METHODS, PowerSGD
 from .profile import Profile
 
-# MCCLStrategy's defaults (lightning/group.py: BUCKET_CAP_MB, POWERSGD_BUCKET_CAP_MB, INT8_BUCKET_CAP_MB;
-# lightning/compress.py: POWERSGD_DEFAULTS' rank), repeated here so that planning needs no torch;
-# tests/unit/test_plan_model.py checks that they agree.
-BUCKET_MB = 5.0
-POWERSGD_BUCKET_MB = 1000.0
-INT8_BUCKET_MB = 25.0
-POWERSGD_RANK = 1
-# DiLoCo's inner steps per outer sync that the plan assumes unless told: configs/vit_fleet24_diloco.yaml's
-# (docs/diloco.md says why 4); give the H you train with.
-SYNC_EVERY = 4
+# The strategies' defaults, read from where they are declared (both torch-free): the wire policy's rows and
+# DiLoCo's settings; give the H you train with.
+BUCKET_MB = ROWS[None].bucket_mb
+POWERSGD_BUCKET_MB = ROWS[POWERSGD].bucket_mb
+INT8_BUCKET_MB = ROWS[INT8].bucket_mb
+POWERSGD_RANK = ROWS[POWERSGD].options["matrix_approximation_rank"]
 
 
 @dataclass(frozen=True)
@@ -36,17 +34,17 @@ class Settings:
     int8_bucket_mb: float = INT8_BUCKET_MB
     sync_every: int = SYNC_EVERY
     sync_delay: int = 1  # MCCLStrategy's default
-    diloco_wire: str = "bf16"  # DiLoCo's compress: float32 (None), bf16, int8
+    diloco_wire: str = BF16_WIRE  # DiLoCo's compress: float32, bf16, int8
     int8_codec_Bps: Optional[float] = None  # the engine's int8 codec rate, wire bytes/s (None: the link's)
 
 
 def build_methods(names: Sequence[str], s: Settings) -> list:
     """The methods named (METHODS), in that order, set up as `s` says; ValueError naming an unknown one."""
-    make = {"ddp": lambda: DDP(s.bucket_mb, s.first_bucket_mb),
-            "bf16": lambda: BF16(s.bucket_mb, s.first_bucket_mb),
-            "int8": lambda: Int8(s.int8_bucket_mb, s.first_bucket_mb, codec_Bps=s.int8_codec_Bps),
-            "powersgd": lambda: PowerSGD(s.powersgd_rank, s.powersgd_bucket_mb, s.first_bucket_mb),
-            "diloco": lambda: DiLoCo(s.sync_every, s.sync_delay, s.diloco_wire, s.int8_codec_Bps)}
+    make = {DDP.name: lambda: DDP(s.bucket_mb, s.first_bucket_mb),
+            BF16.name: lambda: BF16(s.bucket_mb, s.first_bucket_mb),
+            Int8.name: lambda: Int8(s.int8_bucket_mb, s.first_bucket_mb, codec_Bps=s.int8_codec_Bps),
+            PowerSGD.name: lambda: PowerSGD(s.powersgd_rank, s.powersgd_bucket_mb, s.first_bucket_mb),
+            DILOCO: lambda: DiLoCo(s.sync_every, s.sync_delay, s.diloco_wire, s.int8_codec_Bps)}
     unknown = [n for n in names if n not in make]
     if unknown:
         raise ValueError(f"unknown method {', '.join(map(repr, unknown))} (use {', '.join(METHODS)})")

@@ -15,6 +15,8 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Dict, Optional, Tuple
 
+from ..wire_policy import POWERSGD
+
 FORMAT = "lightning-mccl compute profile"
 VERSION = 1
 
@@ -109,7 +111,7 @@ class Profile:
     def to_json(self) -> dict:
         d = asdict(self)
         d["params"] = [[p.name, list(p.shape), p.value_bytes, p.ready_s] for p in self.params]
-        d["kernels"]["powersgd"] = {str(r): asdict(c) for r, c in self.kernels.powersgd.items()}
+        d["kernels"][POWERSGD] = {str(r): asdict(c) for r, c in self.kernels.powersgd.items()}
         return {"format": FORMAT, "version": VERSION, **d}
 
     @classmethod
@@ -121,7 +123,7 @@ class Profile:
         try:
             k = d["kernels"]
             kernels = Kernels(**{f: float(k[f]) for f in _KERNEL_FIELDS},
-                              powersgd={int(r): PowerSGDCost(**c) for r, c in k["powersgd"].items()})
+                              powersgd={int(r): PowerSGDCost(**c) for r, c in k[POWERSGD].items()})
             params = tuple(Param(str(n), tuple(int(x) for x in s), int(b), float(t)) for n, s, b, t in d["params"])
             profile = cls(model=str(d["model"]), model_args=dict(d["model_args"]), batch=int(d["batch"]),
                           device=str(d["device"]), device_name=str(d["device_name"]),

@@ -1,13 +1,16 @@
 """DiLoCo: local training with an outer sync that overlaps compute (Douillard et al., arXiv 2311.08105), for raw
-torch and for `MCCLStrategy(sync="diloco")`. No Lightning here.
+torch and for `MCCLDiLoCoStrategy` ("mccl_diloco"). No Lightning here.
 
     outer = DiLoCo(model, sync_every=4, averaging=AllreduceMean(outer_group({"MCCL_WIRE_DTYPE": "bf16"})))
     outer.broadcast()                  # every rank starts from rank 0's weights: the first anchor
+    outer.attach(opt)                  # counts the inner optimizer's steps (its step post-hook)
     for x, y in data:                  # no gradient allreduce: the model is not wrapped in DDP
         loss_fn(model(x), y).backward()
-        opt.step(); opt.zero_grad()
-        outer.step()                   # after every inner optimizer step
+        opt.step(); opt.zero_grad()    # the hook calls outer.step() after each
     outer.finish()                     # the last round synced; every rank holds the anchor
+
+**The unit.** Everything counts the inner optimizer's steps: a round is `sync_every` of them (H), whatever the
+batches per step (gradient accumulation) are.
 
 **The schedule.** Every rank keeps the anchor (the global weights of the last outer step, the same bits on every
 rank) and trains on its own data. A round is `sync_every` inner steps (H). At the round's end the rank starts
@@ -16,153 +19,46 @@ asynchronous allreduce (`Averaging`), and keeps training. `sync_delay` inner ste
 waits for the average, moves the anchor by an outer Nesterov SGD step, and shifts its weights by the same amount
 less its own progress up to the round's end:
 
-    delta_i = anchor - w_i                                   at the round's end, then allreduce(delta_i) starts
-    m = mu m + mean(delta);  u = lr (mean(delta) + mu m)    tau inner steps later (torch SGD, nesterov=True)
-    anchor -= u;  w_i += delta_i - u
+    delta_i = anchor - w_i                        at the round's end, then allreduce(delta_i) starts
+    anchor' = outer optimizer step, grad mean(delta)   tau inner steps later (default: torch's SGD, Nesterov)
+    u = anchor - anchor';  w_i += delta_i - u
 
 so w_i = new anchor + what the rank learnt in the tau steps since the round's end: no step is lost, and the next
-pseudo-gradient is again exactly the rank's progress over its round. tau = H applies each outer step one round
+pseudo-gradient is again exactly the rank's progress over its round. The outer optimizer is any torch
+optimizer over the anchor (`outer_optimizer`, a function of the parameters that makes one, as torchft's
+DiLoCo takes one); the default is SGD with `outer_lr` and Nesterov momentum `outer_momentum`. tau = H applies each outer step one round
 late (the most time for the allreduce); tau = 1 the soonest (the least staleness). Floating-point buffers
 (BatchNorm statistics) travel in the same allreduce and are replaced by their average. docs/diloco.md says why
 this overlap and not Streaming DiLoCo's fragments, and how to choose H, tau and the outer step.
 
-**State.** `state_dict()` holds the anchor, the outer momentum, the position in the round and the average of a
+**State.** `state_dict()` holds the anchor, the outer optimizer's state, the position in the round and the average of a
 sync not yet applied (waiting for it, which a checkpoint may do at any step: applying stays tau steps after the
 round's end, so a resumed run takes the same steps); `LOCAL_KEYS` are the entries that differ between ranks
 (this rank's pseudo-gradient in flight), everything else is the same on every rank. A failed allreduce (a dead
 peer: the engine's DistBackendError on every rank) raises before anything is applied.
-
-**Transport.** `Averaging` is the one pluggable piece: `start(flat)` begins averaging a float32 vector over the
-ranks and returns something whose `wait()` leaves the mean in it. `AllreduceMean` is one allreduce on a group;
-its wire type is the group's (`outer_group(settings)`: a dedicated mccl group, so that its allreduce neither
-queues behind nor holds up other collectives, with `MCCL_WIRE_DTYPE=bf16` the engine narrows on the wire and
-accumulates in float32). `CastMean` casts the vector to bf16 or fp16 on its device and allreduces that, as
-torch's compress hooks do a DDP bucket: on an accelerator the copies through host memory then move half the
-bytes too (`averaging_for` picks it there, as `compress="bf16"` does under DDP). `Int8Mean` is the engine's
-8-bit allreduce (`lightning_mccl.int8`) with error feedback: the residual of each round's quantisation is added
-to the next round's pseudo-gradient, and is part of this rank's state (`LOCAL_KEYS`). An averaging with
-`state_dict`/`load_state_dict` has them checkpointed.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Protocol
+import copy
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import torch
 import torch.distributed as dist
 
+from .averaging import AllreduceMean, Averaging, InFlight
+from .settings import OUTER_LR, OUTER_MOMENTUM, check_settings
+
 LOCAL_KEYS = ("own", "averaging")  # state_dict entries that differ between ranks
-# The outer step's defaults: plain averaging of the ranks' progress every round (local SGD). The DiLoCo paper's
-# Nesterov 0.7 / 0.9 (for H = 500) lost far more at H = 2-32 (docs/diloco.md, "Choosing H, tau and the learning
-# rates for 2-24 Macs").
-OUTER_LR = 1.0
-OUTER_MOMENTUM = 0.0
 
 
-class InFlight(Protocol):
-    def wait(self) -> None:
-        """Blocks until the average is in the vector `start` was given (raises what the collective raised)."""
+OuterOptimizer = Callable[[List[torch.Tensor]], torch.optim.Optimizer]  # makes the outer optimizer of the anchor
 
 
-class Averaging(Protocol):
-    def start(self, flat: torch.Tensor) -> InFlight:
-        """Begins averaging `flat` (1-D float32, in place) over the ranks; returns at once."""
-
-
-class AllreduceMean:
-    """The mean over `group`'s ranks by one asynchronous allreduce (sum, then divided by the group's size): the
-    engine's progress thread runs it while the caller computes; the group decides the wire type."""
-
-    def __init__(self, group: Optional[Any] = None) -> None:
-        self.group = group
-
-    def start(self, flat: torch.Tensor) -> InFlight:
-        return _Sum(dist.all_reduce(flat, group=self.group, async_op=True), flat, dist.get_world_size(self.group))
-
-
-class _Sum:
-    def __init__(self, work: Any, flat: torch.Tensor, size: int) -> None:
-        self.work, self.flat, self.size = work, flat, size
-
-    def wait(self) -> None:
-        self.work.wait()
-        self.flat.div_(self.size)
-
-
-class CastMean:
-    """The mean over `group`'s ranks by one asynchronous allreduce of the vector cast to `dtype` (torch.bfloat16
-    or torch.float16) on its own device, into a buffer kept between rounds: the engine sums 16-bit values (each
-    partial sum rounded once per hop, as MCCL_WIRE_DTYPE does for float32), and `wait()` widens the sum into the
-    vector and divides it there."""
-
-    def __init__(self, dtype: torch.dtype, group: Optional[Any] = None) -> None:
-        if dtype not in (torch.bfloat16, torch.float16):
-            raise ValueError(f"CastMean casts to torch.bfloat16 or torch.float16, not {dtype}")
-        self.dtype, self.group = dtype, group
-        self._half: Optional[torch.Tensor] = None
-
-    def start(self, flat: torch.Tensor) -> InFlight:
-        if self._half is None or self._half.shape != flat.shape or self._half.device != flat.device:
-            self._half = torch.empty_like(flat, dtype=self.dtype)
-        self._half.copy_(flat)
-        work = dist.all_reduce(self._half, group=self.group, async_op=True)
-        return _Widen(work, self._half, flat, dist.get_world_size(self.group))
-
-
-class _Widen(_Sum):
-    def __init__(self, work: Any, half: torch.Tensor, flat: torch.Tensor, size: int) -> None:
-        super().__init__(work, flat, size)
-        self.half = half
-
-    def wait(self) -> None:
-        self.work.wait()
-        self.flat.copy_(self.half).div_(self.size)
-
-
-class Int8Mean:
-    """The mean over `group`'s ranks by the engine's 8-bit allreduce (lightning_mccl.int8), with error feedback: a
-    residual kept on the vector's device (where its per-value work runs), carried from one round to the next (and
-    in checkpoints)."""
-
-    def __init__(self, group: Optional[Any] = None) -> None:
-        from .int8 import ErrorFeedback
-
-        self.group = group
-        self.feedback = ErrorFeedback()
-
-    def start(self, flat: torch.Tensor) -> InFlight:
-        from .int8 import all_reduce
-
-        return all_reduce(flat, self.feedback.residual("diloco", flat), "avg", self.group)
-
-    def state_dict(self) -> Dict[Any, torch.Tensor]:
-        return self.feedback.state_dict()
-
-    def load_state_dict(self, state: Mapping[Any, torch.Tensor]) -> None:
-        self.feedback.load_state_dict(dict(state))
-
-
-HALF = {"bf16": torch.bfloat16, "fp16": torch.float16}  # the 16-bit wire types and what they cast to
-
-
-def averaging_for(wire: Optional[str], group: Any, device: torch.device) -> Averaging:
-    """The averaging `MCCLStrategy(sync="diloco", compress=wire)` uses for vectors on `device` over `group`: the
-    8-bit allreduce for "int8"; for "bf16"/"fp16" on an accelerator, the cast on the device (CastMean); else one
-    allreduce, which on the CPU the group's MCCL_WIRE_DTYPE narrows on the wire."""
-    if wire == "int8":
-        return Int8Mean(group)
-    if wire in HALF and device.type != "cpu":
-        return CastMean(HALF[wire], group)
-    return AllreduceMean(group)
-
-
-def outer_group(settings: Optional[Mapping[str, str]] = None, backend: str = "mccl") -> Any:
-    """A new process group of every rank for the outer allreduce (collective: every rank calls it). Over mccl,
-    `settings` (MCCL_* variables, e.g. {"MCCL_WIRE_DTYPE": "bf16"}) become its pg_options."""
-    if backend != "mccl":
-        return dist.new_group(backend=backend)
-    from .options import Options
-
-    return dist.new_group(backend=backend, pg_options=Options(dict(settings or {})))
+def default_outer_optimizer(outer_lr: float, outer_momentum: float) -> OuterOptimizer:
+    """SGD with `outer_lr` and Nesterov momentum `outer_momentum` (none at 0): the DiLoCo paper's outer step."""
+    def make(params: List[torch.Tensor]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=outer_lr, momentum=outer_momentum, nesterov=outer_momentum > 0)
+    return make
 
 
 class DiLoCo:
@@ -171,21 +67,23 @@ class DiLoCo:
 
     Args:
         sync_every: inner optimizer steps per round (H), at least 1.
-        outer_lr, outer_momentum: the outer Nesterov SGD step's learning rate (> 0) and momentum (0 <= mu < 1);
-            the defaults, 1 and 0, replace the anchor by the ranks' average.
+        outer_lr, outer_momentum: the default outer optimizer's learning rate (> 0) and Nesterov momentum
+            (0 <= mu < 1); the defaults, 1 and 0, replace the anchor by the ranks' average.
+        outer_optimizer: instead, a function that makes the outer optimizer from the anchor's tensors (shaped as
+            the parameters), e.g. `lambda params: torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)`.
         sync_delay: inner steps between a round's end and its outer step (tau), 1 to sync_every.
         averaging: how the pseudo-gradients are averaged (default: AllreduceMean on the default group).
         group: the group `broadcast` runs on (default: averaging's group if it has one, else the default group).
-        owner: named in the errors (the Lightning strategy passes "MCCLStrategy").
+        owner: named in the errors (the Lightning strategy passes its name).
     """
 
     def __init__(self, model: torch.nn.Module, sync_every: int, *, outer_lr: float = OUTER_LR,
-                 outer_momentum: float = OUTER_MOMENTUM, sync_delay: int = 1, averaging: Optional[Averaging] = None,
-                 group: Optional[Any] = None, owner: str = "DiLoCo") -> None:
+                 outer_momentum: float = OUTER_MOMENTUM, outer_optimizer: Optional[OuterOptimizer] = None,
+                 sync_delay: int = 1, averaging: Optional[Averaging] = None, group: Optional[Any] = None,
+                 owner: str = "DiLoCo") -> None:
         check_settings(sync_every, outer_lr, outer_momentum, sync_delay, owner)
         self.model, self.owner = model, owner
         self.sync_every, self.sync_delay = sync_every, sync_delay
-        self.outer_lr, self.outer_momentum = float(outer_lr), float(outer_momentum)
         self.averaging = averaging if averaging is not None else AllreduceMean()
         self.group = group if group is not None else getattr(self.averaging, "group", None)
         self.params = [p for p in model.parameters() if p.requires_grad and p.is_floating_point()]
@@ -197,17 +95,33 @@ class DiLoCo:
         device = devices.pop() if devices else torch.device("cpu")
         n = sum(p.numel() for p in self.params)
         f32 = dict(dtype=torch.float32, device=device)
-        self.anchor, self.momentum, self.own = (torch.zeros(n, **f32) for _ in range(3))
+        self.anchor, self.own = torch.zeros(n, **f32), torch.zeros(n, **f32)
         self.comm = torch.zeros(n + sum(b.numel() for b in self.buffers), **f32)  # pseudo-gradients, then buffers
         self._views = _views(self.comm, self.params + self.buffers)
         self._param_views, self._buffer_views = self._views[:len(self.params)], self._views[len(self.params):]
+        self._anchor_views = _views(self.anchor, self.params)
+        for view, grad in zip(self._anchor_views, self._param_views):
+            view.grad = grad  # the outer optimizer's gradient is the mean pseudo-gradient, in place
+        make = outer_optimizer or default_outer_optimizer(float(outer_lr), float(outer_momentum))
+        self.outer_optimizer = make(self._anchor_views)
         self.inner_steps = 0  # inner optimizer steps taken
         self.round_start = 0  # inner_steps when the current round began
         self.rounds = 0  # outer syncs started
         self._pending: Optional[int] = None  # inner_steps when the sync not yet applied started
         self._in_flight: Optional[InFlight] = None  # its averaging, until waited for
+        self._hook: Optional[Any] = None  # the inner optimizer's step post-hook (attach)
 
     # -- the loop --------------------------------------------------------------------------------------------
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> None:
+        """Calls `step()` after every step of `optimizer` (its step post-hook), until `detach()`."""
+        self.detach()
+        self._hook = optimizer.register_step_post_hook(lambda *_: self.step())
+
+    def detach(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
 
     def broadcast(self, src: int = 0) -> None:
         """Every rank takes rank `src`'s parameters and buffers (all of them), which become the anchor."""
@@ -229,13 +143,14 @@ class DiLoCo:
     def finish(self) -> None:
         """At the end of training: applies the pending outer step, syncs the last, partial round (at once), and
         sets every rank's parameters to the anchor (the same bits everywhere)."""
+        self.detach()
         if self._pending is not None:
             self._apply()
         if self.inner_steps > self.round_start:
             self._start()
             self._apply()
         with torch.no_grad():
-            for p, a in zip(self.params, _views(self.anchor, self.params)):
+            for p, a in zip(self.params, self._anchor_views):
                 p.copy_(a)
 
     def _start(self) -> None:
@@ -261,13 +176,10 @@ class DiLoCo:
 
     def _apply(self) -> None:
         self._wait()  # raises before anything changes
-        n = self.anchor.numel()
-        mean, mu = self.comm[:n], self.outer_momentum
         with torch.no_grad():
-            self.momentum.mul_(mu).add_(mean)
-            step = mean.add_(self.momentum, alpha=mu).mul_(self.outer_lr)  # u = lr (mean + mu m), in comm
-            self.anchor.sub_(step)
-            correction = self.own.sub_(step)  # delta_i - u
+            self.own.sub_(self.anchor)  # delta_i - u = (delta_i - anchor before) + anchor after
+            self.outer_optimizer.step()  # the anchor, by the mean pseudo-gradient (its grad)
+            correction = self.own.add_(self.anchor)
             for p, c in zip(self.params, _views(correction, self.params)):
                 p.add_(c)
             for b, v in zip(self.buffers, self._buffer_views):
@@ -289,7 +201,7 @@ class DiLoCo:
         n = self.anchor.numel()
         return {"sync_every": self.sync_every, "sync_delay": self.sync_delay, "inner_steps": self.inner_steps,
                 "round_start": self.round_start, "rounds": self.rounds, "pending": self._pending,
-                "anchor": self.anchor.clone(), "momentum": self.momentum.clone(),
+                "anchor": self.anchor.clone(), "outer_optimizer": copy.deepcopy(self.outer_optimizer.state_dict()),
                 "mean": self.comm[:n].clone() if pending else None,
                 "buffers_mean": self.comm[n:].clone() if pending else None,
                 "own": self.own.clone() if pending else None,
@@ -297,7 +209,8 @@ class DiLoCo:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores `state_dict()` into a DiLoCo made with the same settings, on the model whose (this rank's)
-        weights were restored already. ValueError when the settings or the sizes differ."""
+        weights were restored already; also the state of the first releases, whose outer step was SGD with its
+        momentum as one vector ("momentum"). ValueError when the settings or the sizes differ."""
         saved = (state["sync_every"], state["sync_delay"])
         if saved != (self.sync_every, self.sync_delay):
             raise ValueError(f"{self.owner}: the checkpoint's DiLoCo ran with sync_every={saved[0]}, "
@@ -312,7 +225,10 @@ class DiLoCo:
         if state.get("averaging") is not None and hasattr(self.averaging, "load_state_dict"):
             self.averaging.load_state_dict(state["averaging"])
         self.anchor.copy_(state["anchor"])
-        self.momentum.copy_(state["momentum"])
+        if "outer_optimizer" in state:
+            self.outer_optimizer.load_state_dict(state["outer_optimizer"])
+        else:
+            self._load_momentum(state["momentum"], state["rounds"] - (state["pending"] is not None))
         self._pending, self._in_flight = state["pending"], None
         if self._pending is not None:
             n = self.anchor.numel()
@@ -320,19 +236,14 @@ class DiLoCo:
             self.comm[n:].copy_(state["buffers_mean"])
             self.own.copy_(state["own"])
 
-
-def check_settings(sync_every: Any, outer_lr: Any, outer_momentum: Any, sync_delay: Any, owner: str) -> None:
-    """ValueError naming the setting for anything DiLoCo cannot run with."""
-    if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
-        raise ValueError(f"{owner}(sync_every={sync_every!r}): expected the inner steps per round, an int >= 1")
-    if isinstance(sync_delay, bool) or not isinstance(sync_delay, int) or not 1 <= sync_delay <= sync_every:
-        raise ValueError(f"{owner}(sync_delay={sync_delay!r}): expected an int from 1 to sync_every={sync_every} "
-                         f"(inner steps between a round's end and its outer step)")
-    if isinstance(outer_lr, bool) or not isinstance(outer_lr, (int, float)) or not outer_lr > 0:
-        raise ValueError(f"{owner}(outer_lr={outer_lr!r}): expected a number > 0")
-    if isinstance(outer_momentum, bool) or not isinstance(outer_momentum, (int, float)) \
-            or not 0 <= outer_momentum < 1:
-        raise ValueError(f"{owner}(outer_momentum={outer_momentum!r}): expected a number in [0, 1)")
+    def _load_momentum(self, momentum: torch.Tensor, applied: int) -> None:
+        """The first releases' outer momentum (one vector, zeros until the first outer step) as the default SGD's
+        momentum buffers; nothing when no outer step was applied yet or the optimizer keeps no momentum."""
+        group = self.outer_optimizer.param_groups[0]
+        if applied < 1 or not group.get("momentum"):
+            return
+        for view, m in zip(self._anchor_views, _views(momentum.to(self.anchor.device), self.params)):
+            self.outer_optimizer.state[view]["momentum_buffer"] = m.clone()
 
 
 def _named(error: Exception, message: str) -> Exception:

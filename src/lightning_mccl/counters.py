@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ._backend import ProcessGroupMCCL, mccl_backend, required_backend  # noqa: F401 - mccl_backend: public here
+from .backend import ProcessGroupMCCL, mccl_backend, required_backend  # noqa: F401 - mccl_backend: public here
 
 FIELDS = ("calls", "bytes_sent", "bytes_received", "busy_ns", "wait_ns")
 

@@ -1,4 +1,5 @@
-"""Registration of the `mccl` backend with torch.distributed."""
+"""The `mccl` backend as torch.distributed sees it: `ProcessGroupMCCL`, the creator torch calls for each new group,
+and how to find the mccl backend behind a group. Registering it with torch is registration.py's."""
 from __future__ import annotations
 
 import os
@@ -65,7 +66,7 @@ def wire_dtype_of(group=None) -> "Optional[str]":
     return None if backend is None else backend.wire_dtype
 
 
-def _create_backend(opts, backend_options=None):
+def create_backend(opts, backend_options=None):
     """torch's extended-API creator: one ProcessGroupMCCL per process group and device. `backend_options`
     is the pg_options of init_process_group / new_group: lightning_mccl.Options or a dict (options.py)."""
     settings = settings_of(backend_options)
@@ -76,15 +77,7 @@ def _create_backend(opts, backend_options=None):
     return ProcessGroupMCCL(opts.store, opts.group_rank, opts.group_size, timeout, route_to, settings)
 
 
-def is_registered() -> bool:
-    return BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {})
-
-
-def register() -> None:
-    """Registers `mccl` for cpu, cuda and mps tensors. Idempotent; also the entry point torch calls."""
-    if is_registered():
-        return
-    dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=DEVICES)
-
-
-register()  # importing this module registers the backend (lightning_mccl's own import, when torch loads)
+def wire_type(value: str) -> str:
+    """An MCCL_WIRE_DTYPE value as the engine reads it, by its usual name ("off", "bf16", ...); ValueError naming
+    the variable for a value the engine does not take."""
+    return _C.wire_type(value)
