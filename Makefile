@@ -60,7 +60,7 @@ build: $(VENV)/.deps
 demo: build
 	$(PY) examples/vit_finetune.py fit --config configs/vit_local.yaml
 
-# docs/performance.md's tables: mccl vs Gloo (and mpi4py when installed) in the same run, on $(NPROC)
+# benchmarks/record/performance.md's tables: mccl vs Gloo (and mpi4py when installed) in the same run, on $(NPROC)
 # local ranks; bench-fleet on an emulated 4-host switch (Linux, root). Results under runs/bench/.
 # The DDP step on CPU cores: ViT-Small on 32x32 images in 8x8 patches, 4 per rank (benchmarks/fleet_ddp.py).
 DDP_CPU := --device cpu --model vit_small_patch16_224 --img-size 32 --patch-size 8 --num-classes 10 --batch 4 \
@@ -75,7 +75,7 @@ bench-fleet: build
 	$(PY) benchmarks/allreduce.py --hosts 4 --rate 10gbit --min 4K --max 256M --step-factor 4
 	$(PY) benchmarks/fleet_ddp.py --hosts 4 --rate 10gbit $(DDP_CPU) --series compute,mccl,mccl-bf16,gloo
 
-# docs/reliability.md's figures: fault injection (kill, stop, mismatch, garbage) and the soak.
+# benchmarks/record/reliability.md's figures: fault injection (kill, stop, mismatch, garbage) and the soak.
 reliability: build
 	mkdir -p runs
 	$(PY) benchmarks/faults.py --out runs/faults.json

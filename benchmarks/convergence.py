@@ -3,7 +3,7 @@ every method (synchronous float32 DDP, torch's bf16 hook, PowerSGD at rank 1 and
 DiLoCo at two values of H), through the product's own path: Lightning's `Trainer` with `MCCLStrategy(...)`, the
 ranks started as `mccl launch --local N` starts them.
 
-    python benchmarks/convergence.py                                  # 8 CPU ranks, a small ViT (docs/convergence.md)
+    python benchmarks/convergence.py                  # 8 CPU ranks, a small ViT (benchmarks/record/convergence.md)
     python benchmarks/convergence.py --seeds 0 1 2 --methods ddp-fp32,int8,diloco-h2,diloco-h4
     python benchmarks/convergence.py --device cuda --model vit_small_patch16_224 --model-kwargs '{}' ...
     python benchmarks/convergence.py --step-times fleet/results.csv --step-series int8=mccl+int8
@@ -38,11 +38,11 @@ from accuracy.summary import Outcome  # noqa: E402
 from accuracy.task import GlyphTask  # noqa: E402
 from sweep import report  # noqa: E402
 
-# The CPU defaults (8 ranks on 2 cores, docs/convergence.md says how long): ViT-Tiny's patch embedding and head
+# The CPU defaults (8 ranks on 2 cores; how long: benchmarks/record/convergence.md): ViT-Tiny's patch embedding and head
 # around 4 blocks 128 wide, 16x16 images in 4x4 patches (0.81M parameters); 256 steps of 64 images.
 DEFAULT_MODEL_KWARGS = {"embed_dim": 128, "depth": 4, "num_heads": 4}
 # The task's defaults here: that ViT under synchronous DDP ends near 70% after the default budget
-# (docs/convergence.md, *The task*).
+# (benchmarks/record/convergence.md, *The task*).
 TASK_DEFAULTS = {"classes": 32, "shift": 1.0, "noise": 0.1, "background": 0.2, "distractors": 1}
 WORKER = "--worker"  # first argument of the ranks' command line
 

@@ -5,7 +5,7 @@
     python benchmarks/diloco_sim.py --device cuda --jobs 8 --runs-file benchmarks/accuracy/diloco_sweep.txt \
         --seeds 0 1 2 --out runs/diloco_sim
 
-It replays what `benchmarks/convergence.py` runs on 8 ranks (docs/convergence.md): the same glyph task (drawn from
+It replays `benchmarks/convergence.py`'s 8-rank runs (benchmarks/record/convergence.md): the same glyph task (drawn from
 data seed 0 with convergence.py's task settings), the same model and initial weights (`torch.manual_seed(seed)` then
 the recipe's timm ViT; its attention unfused, see `build`), the same AdamW with the recipe's parameter groups, warm-up
 and cosine, the same global batches in the same order (accuracy/rank.py's GlobalBatchSampler; past one epoch it
@@ -21,7 +21,7 @@ one model on the global batch, as synchronous DDP | single: worker 0 alone), H, 
 (1 to H, as DiLoCo accepts), lr (the inner peak learning rate), warmup (share of the steps), wire (fp32 | bf16),
 workers, batch (per worker), steps (the budget: 256 steps of 8 x 8 images is convergence.py's), sync_steps (that
 many first steps synchronous, the workers' gradients averaged as by DDP, before DiLoCo starts from the weights they
-reached: post-local SGD). docs/diloco.md ("What DiLoCo costs in accuracy") has the sweep's results.
+reached: post-local SGD). benchmarks/record/diloco.md ("What DiLoCo costs in accuracy") has the sweep's results.
 
 Output in --out: results.csv (a row per run and seed as it ends: the final validation accuracy and loss of the
 anchor, i.e. of what every rank holds after `finish()`; a run and seed already there is not run again, so a sweep

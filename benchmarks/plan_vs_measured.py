@@ -152,8 +152,8 @@ def table(rows: list, judge: str) -> report.Table:
 
 NOTES = ["error = predicted / measured - 1. profile: the plan from the profile as measured (xN: N processes shared "
          "the device while it was measured); run's compute: the profile scaled to the run's measured compute series. "
-         "The target (10%) holds at 4 and 8 hosts; on the 16-core "
-         "GPU host the 16- and 24-host rows are short of cores (docs/scaling.md) and reported as measured."]
+         "The target (10%) holds at 4 and 8 hosts; on the 16-core GPU host the 16- and 24-host rows are short "
+         "of cores (benchmarks/record/scaling.md) and reported as measured."]
 
 
 def plot(path: str, rows: list, title: str):

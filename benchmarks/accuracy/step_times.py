@@ -5,7 +5,8 @@ ViT-B/16 in float32, batch 8 per rank, TCP cubic, median step). `--step-times FI
 results.csv of a fleet_ddp.py run (its columns `series`, `world`, `batch_per_rank`, `time_median_s`): each
 method reads the first of its `fleet_series` labels the file has (accuracy/methods.py), or the label that
 `--step-series METHOD=LABEL` names. A method with no measured step is "unknown" and gets no wall-time points.
-The projection is steps x that step time: the stand-in's step, not this benchmark's model (docs/convergence.md).
+The projection is steps x that step time: the stand-in's step, not this benchmark's model
+(benchmarks/record/convergence.md).
 """
 from __future__ import annotations
 

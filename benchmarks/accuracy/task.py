@@ -7,7 +7,7 @@ pixels, each stroke end moved by a Gaussian of `jitter` pixels, each stroke left
 class) on a smooth random background of amplitude `background`, with pixel noise of standard deviation
 `noise`. Classes share nothing by construction, but with many of them in a small image their strokes overlap
 by place and colour, and the clutter and noise hide parts of a glyph: the harder settings stay well below
-100% for as long as the benchmark trains (docs/convergence.md, *The task*).
+100% for as long as the benchmark trains (benchmarks/record/convergence.md, *The task*).
 
 The train and validation sets are drawn once from `data_seed` alone (never from a run's seed), so every method
 and every seed of a run sees the same images; the parent process draws them once and the ranks load them

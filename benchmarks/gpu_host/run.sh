@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# The GPU host's experiments, by name (benchmarks/gpu_host/README.md; docs/performance.md cites each one next
-# to its figures). From the repository root, after `bash benchmarks/gpu_host/prepare.sh [OLD_COMMIT]` here and
-# with ".devtools" carried:
-#   BUDGET=570 bash benchmarks/gpu_host/run.sh EXPERIMENT [EXPERIMENT ...]
-# runs the experiments in order, every step within what is left of BUDGET seconds (default 570, one call of
-# 10 minutes), into $OUT (default runs/gpu_host): results.tgz (a folder per launch), log.txt, and a log per test
-# run. Exit code: the first failing test run's, else 0; a benchmark that fails or runs out of time shows in
-# log.txt and leaves what it measured.
+# The GPU host's experiments, by name (benchmarks/gpu_host/README.md; the record, benchmarks/record/, cites each
+# one next to its figures). On a Linux host with an NVIDIA GPU, torch, Lightning and timm, as root for the
+# emulated switch, from the repository root:
+#   bash benchmarks/gpu_host/run.sh EXPERIMENT [EXPERIMENT ...]
+# runs the experiments in order into $OUT (default runs/gpu_host): results.tgz (a folder per launch), log.txt,
+# and a log per test run. Exit code: the first failing test run's, else 0; a benchmark that fails or runs out of
+# time shows in log.txt and leaves what it measured.
+#
+# Time: every step has a limit sized for its default settings (the first number of its py/tests call below, in
+# seconds), multiplied by LIMIT_SCALE (1). BUDGET (unset: none) caps the whole run at that many seconds, each
+# step getting what is left if that is less: for a machine lent for a fixed time.
+# Tools: a host without ip/tc or LightningCLI's jsonargparse gets them from TOOLS (build/gpu_host), which
+# `bash benchmarks/gpu_host/prepare.sh` fills on a machine that has them; OLD_TREE (TOOLS/old) is the tree
+# before-after compares against (prepare.sh OLD_COMMIT).
 #
 # Experiments, and the variables that change them (defaults in parentheses):
 #   cuda-tests      the CUDA tests, the 8-bit codec's and DiLoCo's 16-bit cast on the device among them (TESTS:
@@ -17,7 +23,7 @@
 #   powersgd        PowerSGD as the strategy runs it (one bucket, batched) at rank 1 and 4 (BATCH 8)
 #   buckets         DDP bucket sizes over mccl and Gloo (BATCH 32)
 #   wire            allreduce, float32 against each of WIRES on the wire (bf16), on HOSTS hosts (8 4)
-#   before-after    this tree against .devtools/old (prepare.sh OLD_COMMIT) in the same launches, 8 hosts:
+#   before-after    this tree against OLD_TREE (prepare.sh OLD_COMMIT) in the same launches, 8 hosts:
 #                   float32 and each of WIRES on the wire (SIZES 1M,4M,16M,64M,256M), then bf16 tensors;
 #                   NEW_WIRES: wire types only this tree has, run on it alone
 #   int8            the 8-bit allreduce (docs/int8.md): the stand-in at BATCH (8) against the bf16 hooks
@@ -27,13 +33,14 @@
 #   congestion      allreduce under each TCP congestion control the kernel has (root; restores it)
 #   burst           the emulated links' token bucket (BURSTS: default 1M)
 #   algos           the algorithm table (csrc/engine/algorithms/select.cc): latency algorithms against rings
+#                   (CPUS: a taskset list for the ranks, e.g. 0-15; unset: every CPU)
 #   sender nsocks   4 ranks on loopback: the sender thread, and connections per peer
 #   convergence     python3 benchmarks/convergence.py --device cuda --out DIR $CONVERGENCE_ARGS
 #   diloco-sim      benchmarks/diloco_sim.py's sweep of DiLoCo's settings (SIM_RUNS: benchmarks/accuracy/
 #                   diloco_sweep.txt, SEEDS: 0 1 2, SIM_JOBS: 8 processes on the GPU); SIM_DIR: a folder kept
 #                   between calls (e.g. runs/diloco_sim) to resume a sweep cut by the budget, else a fresh one
 #   plan-profiles   mccl plan's profiles of ViT-B/16 on cuda, batch 8 and 32, with N processes sharing the GPU
-#                   for N in HOSTS (4 8 16), as the stand-in's N ranks (docs/scaling.md)
+#                   for N in HOSTS (4 8 16), as the stand-in's N ranks (benchmarks/record/scaling.md)
 #   plan-fleetN     the stand-in at N hosts, batch 32 and 8, every bucketed method of mccl plan (DDP, bf16
 #                   hook, int8, PowerSGD rank 1) and Gloo + bf16 hook; plan-dilocoN: DiLoCo (DILOCO:
 #                   mccl-bf16+diloco:H=8)
@@ -42,28 +49,32 @@
 # wire types' results against float64.
 set -x
 OUT=${OUT:-runs/gpu_host}
-BUDGET=${BUDGET:-570}
+TOOLS=$(realpath -m "${TOOLS:-build/gpu_host}")
+OLD_TREE=$(realpath -m "${OLD_TREE:-$TOOLS/old}")
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
 R=$OUT/r; mkdir -p "$R"
 rc=0
 
-# L N: the seconds a step may take, N or what is left of the budget if less; T N: a launch's own limit inside it.
-L(){ local t=$((BUDGET - SECONDS)); [ $t -gt $1 ] && t=$1; [ $t -lt 1 ] && t=1; echo $t; }
+# L N: the seconds a step may take: N x LIMIT_SCALE, or what is left of BUDGET if less; T N: a launch's own
+# limit inside it.
+L(){ local t=$(( $1 * ${LIMIT_SCALE:-1} ))
+  if [ -n "${BUDGET:-}" ]; then local left=$((BUDGET - SECONDS)); [ $left -lt $t ] && t=$left; fi
+  [ $t -lt 1 ] && t=1; echo $t; }
 T(){ local t=$(L $1); echo $((t > 10 ? t - 5 : t)); }
 py(){ local cap=$1; shift; timeout $(L $cap) python3 "$@"; }
 tests(){ local name=$1 cap=$2; shift 2
   timeout $(L $cap) python3 -m pytest -v -p no:cacheprovider "$@" > "$OUT/$name.log" 2>&1 || { local r=$?; [ $rc = 0 ] && rc=$r; }
   tail -25 "$OUT/$name.log"; }
 build(){  # DIR LOG: the extension of the tree at DIR, against this machine's torch
-  ( cd "$1" && CC=/usr/bin/gcc CXX=/usr/bin/g++ MAX_JOBS=${MAX_JOBS:-16} timeout $(L 300) \
+  ( cd "$1" && CC=${CC:-/usr/bin/gcc} CXX=${CXX:-/usr/bin/g++} MAX_JOBS=${MAX_JOBS:-$(nproc)} timeout $(L 300) \
     python3 setup.py -q build_ext --inplace > "$2" 2>&1 ) || { tail -30 "$2"; exit 1; }; }
+left(){ [ -n "${BUDGET:-}" ] && echo "$((BUDGET - SECONDS)) s left" || echo "$SECONDS s in"; }
 
-# ip and tc from the carried folder (wrapped with their own loader), jsonargparse from its wheels.
-D=$PWD/.devtools
-if [ -d "$D/wrap" ]; then
-  export PATH=$D/wrap:$PATH
-  python3 -m pip install -q --no-index --no-deps "$D"/wheels/*.whl 2>&1 | tail -2
+# ip and tc from TOOLS (wrapped with their own loader), jsonargparse from its wheels, where prepare.sh made them.
+if [ -d "$TOOLS/wrap" ]; then export PATH=$TOOLS/wrap:$PATH; fi
+if compgen -G "$TOOLS/wheels/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps "$TOOLS"/wheels/*.whl 2>&1 | tail -2
 fi
 ip -V; tc -V; nproc; nvidia-smi --query-gpu=name,memory.used --format=csv
 python3 -c "import torch,lightning,timm;print('torch',torch.__version__,'lightning',lightning.__version__,'timm',timm.__version__)"
@@ -78,7 +89,7 @@ wire(){ echo "mccl:MCCL_WIRE_DTYPE=$1${2:+:PYTHONPATH=$2/src}:label=$1${3:-}:rto
 wires(){ local s=mccl; for w in ${WIRES:-bf16} ${NEW_WIRES:-}; do s+=",$(wire $w)"; done; echo "$s"; }
 
 for experiment in "$@"; do
-  echo "=== $experiment: $((BUDGET - SECONDS)) s left"
+  echo "=== $experiment: $(left)"
   case $experiment in
   cuda-tests)
     tests cuda_tests 240 tests/torch/test_cuda_no_stall.py tests/torch/test_cuda_staging.py \
@@ -103,7 +114,7 @@ for experiment in "$@"; do
         --series $(wires)
     done ;;
   before-after)
-    O=$D/old; [ -d "$O" ] || { echo "no $O: run prepare.sh OLD_COMMIT here first"; exit 1; }
+    O=$OLD_TREE; [ -d "$O" ] || { echo "no $O: run prepare.sh OLD_COMMIT first (or set OLD_TREE)"; exit 1; }
     build "$O" "$OUT/old_build.log"
     B="mccl:PYTHONPATH=$O/src:label=before,mccl:label=after"
     for w in ${WIRES:-bf16}; do B+=",$(wire $w "$O" -before),$(wire $w "" -after)"; done
@@ -149,7 +160,7 @@ mccl:MCCL_RING_LOOKAHEAD_BYTES=512M:label=lookahead512M,gloo ;;
     LAT=mccl:MCCL_ALGO=rd:MCCL_BROADCAST_ALGO=tree:MCCL_REDUCE_ALGO=tree:MCCL_ALLGATHER_ALGO=bruck:MCCL_REDUCE_SCATTER_ALGO=rd:label=latency
     RING=mccl:MCCL_ALGO=ring:MCCL_BROADCAST_ALGO=ring:MCCL_REDUCE_ALGO=ring:MCCL_ALLGATHER_ALGO=ring:MCCL_REDUCE_SCATTER_ALGO=ring:label=ring
     for w in 4 8; do
-      timeout $(L 230) taskset -c 0-15 python3 benchmarks/allreduce.py --nproc $w --op allreduce,broadcast,reduce,allgather,reduce_scatter \
+      timeout $(L 230) ${CPUS:+taskset -c $CPUS} python3 benchmarks/allreduce.py --nproc $w --op allreduce,broadcast,reduce,allgather,reduce_scatter \
         --min 4K --max 4M --step-factor 2 --series $LAT,$RING --baseline ring --iters 8 --min-iters 3 --warmup 2 \
         --time-budget 0.6 --timeout $(T 230) --out "$R/algos_W$w"
     done ;;

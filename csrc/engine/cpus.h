@@ -4,7 +4,7 @@
 // its cgroup's CPU quota (cgroup v2 cpu.max, v1 cpu.cfs_quota_us / cpu.cfs_period_us: a container's --cpus),
 // rounded up. macOS has neither: there it is the performance cores (hw.perflevel0.logicalcpu; efficiency
 // cores run a thread at a fraction of their speed, and the reduction pool's parts are equal), else
-// hardware_concurrency(). docs/performance.md#many-ranks-and-spinning.
+// hardware_concurrency(). benchmarks/record/performance.md#many-ranks-and-spinning.
 #pragma once
 
 #include <functional>

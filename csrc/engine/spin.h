@@ -16,7 +16,7 @@
 //    (cpus.h, divided among the ranks on its host), at least 1. The progress thread, which does the work, comes
 //    first: a helper's wait (a caller's, a sender thread's) spins only while a slot is left beside it. A wait
 //    that finds no slot sleeps at once.
-// The measurements behind the constants: docs/performance.md#many-ranks-and-spinning.
+// The measurements behind the constants: benchmarks/record/performance.md#many-ranks-and-spinning.
 #pragma once
 
 #include <atomic>
@@ -31,9 +31,9 @@ class SpinPolicy {
   // The most an adaptive budget spins, and the budget it starts from.
   static constexpr std::chrono::nanoseconds kCeiling = std::chrono::microseconds(200);
   static constexpr std::chrono::nanoseconds kInitial = std::chrono::microseconds(50);
-  // A yield that returns later than this gave the core to a thread that computes: longer than 99.9% of the
-  // yields of 4 ranks' small allreduces on 2 cores (their threads run in bursts: Python between calls, a
-  // progress round), shorter than the scheduler's slice (0.75-3 ms) that a computing thread takes.
+  // A yield that returns later than this gave the core to a thread that computes: longer than the yields between
+  // a rank's own threads, shorter than the slice a computing thread takes
+  // (benchmarks/record/performance.md#many-ranks-and-spinning).
   static constexpr std::chrono::nanoseconds kDescheduled = std::chrono::microseconds(250);
 
   // Who waits: the progress thread, or a helper (a caller, a sender thread) that leaves it a slot.

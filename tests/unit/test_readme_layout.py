@@ -1,6 +1,7 @@
 """The README's *Layout* matches the tree: every source file of the engine, the binding and the Python package,
 every benchmark script and every folder of benchmarks/, tests/ and tools/ is named there, and every folder it
-names exists; every page of docs/ is linked from the README."""
+names exists; every page of docs/ is linked from the README, and every page of the record (benchmarks/record/)
+from the record's index, benchmarks/README.md, which the README links."""
 from __future__ import annotations
 
 import re
@@ -51,3 +52,10 @@ def test_every_document_is_linked_from_the_readme():
     text = (ROOT / "README.md").read_text()
     missing = [p.name for p in (ROOT / "docs").glob("*.md") if f"](docs/{p.name}" not in text]
     assert not missing, f"README.md links no docs/{missing}"
+
+
+def test_every_record_page_is_linked_from_the_benchmarks_index():
+    assert "](benchmarks/README.md" in (ROOT / "README.md").read_text(), "README.md links no benchmarks/README.md"
+    index = (ROOT / "benchmarks" / "README.md").read_text()
+    missing = [p.name for p in (ROOT / "benchmarks" / "record").glob("*.md") if f"](record/{p.name}" not in index]
+    assert not missing, f"benchmarks/README.md links no record/{missing}"

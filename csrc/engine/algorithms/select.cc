@@ -23,26 +23,25 @@ constexpr AlgoChoice kRd = AlgoChoice::kRecursiveDoubling, kRing = AlgoChoice::k
                      kBruck = AlgoChoice::kBruck;
 
 // Two sweeps, both loopback on the GPU host, float32, with every latency-optimal algorithm forced against
-// every ring (the largest size at which the latency algorithm was still faster, then the next size):
-// - A: benchmarks/results/h200_algos/ (`benchmarks/gpu_host/run.sh algos`: 16 cores, 4 ranks x 4 cores and
-//   8 ranks x 2 cores, the user's case of several cores per rank);
-// - B: benchmarks/results/h200x2_algo_rd_vs_ring/ (allreduce only, 32 cores, 4-24 ranks; the entries take
-//   16 and 24 ranks, at about one core each, and W8 as a check of A).
+// every ring, set the entries: A, several cores per rank (4 ranks x 4 cores, 8 ranks x 2 cores, the user's
+// case); B, allreduce only, 16 and 24 ranks at about one core each. Each entry is the largest size at which the
+// latency algorithm was still faster; `measured` names the sweep and world size that set it. The sweeps'
+// figures and commands: benchmarks/record/performance.md#the-algorithm-table.
 // Above 8 ranks the other collectives keep their 8-rank entry (not measured there).
 constexpr Entry kTable[] = {
-    {CollectiveKind::kAllreduce, 4, 64 * KiB, kRd, kRing, "A W4: rd 1.30x at 64 KiB, 1.00x at 128 KiB"},
-    {CollectiveKind::kAllreduce, 8, 128 * KiB, kRd, kRing, "A W8: rd 1.08x at 128 KiB (1.12x at 256 KiB, but B W8 0.90x there)"},
-    {CollectiveKind::kAllreduce, 16, 256 * KiB, kRd, kRing, "B W16: rd 2.11x at 256 KiB, 0.99x at 512 KiB"},
-    {CollectiveKind::kAllreduce, INT_MAX, 1 * MiB, kRd, kRing, "B W24: rd 1.69x at 1 MiB, 0.92x at 2 MiB"},
-    {CollectiveKind::kBroadcast, 4, 512 * KiB, kTree, kRing, "A W4: tree 1.36x at 512 KiB, 0.97x at 1 MiB"},
-    {CollectiveKind::kBroadcast, INT_MAX, 128 * KiB, kTree, kRing, "A W8: tree 1.84x at 128 KiB, 0.90x at 256 KiB"},
-    {CollectiveKind::kReduce, 4, 256 * KiB, kTree, kRing, "A W4: tree 1.05x at 256 KiB, 0.94x at 512 KiB"},
-    {CollectiveKind::kReduce, INT_MAX, 64 * KiB, kTree, kRing, "A W8: tree 2.45x at 64 KiB, 0.53x at 128 KiB"},
-    {CollectiveKind::kAllgather, 4, 64 * KiB, kBruck, kRing, "A W4: bruck 1.16x at 64 KiB, 0.93x at 128 KiB"},
-    {CollectiveKind::kAllgather, INT_MAX, 256 * KiB, kBruck, kRing, "A W8: bruck 1.13x at 256 KiB, 0.97x at 512 KiB"},
+    {CollectiveKind::kAllreduce, 4, 64 * KiB, kRd, kRing, "A W4"},
+    {CollectiveKind::kAllreduce, 8, 128 * KiB, kRd, kRing, "A W8, capped by B W8"},
+    {CollectiveKind::kAllreduce, 16, 256 * KiB, kRd, kRing, "B W16"},
+    {CollectiveKind::kAllreduce, INT_MAX, 1 * MiB, kRd, kRing, "B W24"},
+    {CollectiveKind::kBroadcast, 4, 512 * KiB, kTree, kRing, "A W4"},
+    {CollectiveKind::kBroadcast, INT_MAX, 128 * KiB, kTree, kRing, "A W8"},
+    {CollectiveKind::kReduce, 4, 256 * KiB, kTree, kRing, "A W4"},
+    {CollectiveKind::kReduce, INT_MAX, 64 * KiB, kTree, kRing, "A W8"},
+    {CollectiveKind::kAllgather, 4, 64 * KiB, kBruck, kRing, "A W4"},
+    {CollectiveKind::kAllgather, INT_MAX, 256 * KiB, kBruck, kRing, "A W8"},
     // Recursive doubling over the whole input sends log2(n) times the input, the ring (n-1)/n of it.
-    {CollectiveKind::kReduceScatter, 4, 8 * KiB, kRd, kRing, "A W4: rd 1.13x at 8 KiB, 0.93x at 16 KiB"},
-    {CollectiveKind::kReduceScatter, INT_MAX, 8 * KiB, kRd, kRing, "A W8: rd 1.23x at 8 KiB, 0.94x at 16 KiB"},
+    {CollectiveKind::kReduceScatter, 4, 8 * KiB, kRd, kRing, "A W4"},
+    {CollectiveKind::kReduceScatter, INT_MAX, 8 * KiB, kRd, kRing, "A W8"},
 };
 
 const Entry* entry_for(CollectiveKind kind, int world) {

@@ -18,9 +18,9 @@ only flows between the namespaces built here.
 Each host's TCP uses the congestion control `congestion` (default cubic: macOS's, and most Linux
 distributions'), set in its namespace, whatever the machine's own default is. Machines that default to BBR
 (the GPU host does) would otherwise give every emulated host BBR, whose periodic round-trip probe (a flow's
-window cut to 4 packets for 200 ms, every 10 s) slows a ring on 4-8 hosts by a quarter now and then
-(docs/performance.md, *Why the emulated hosts run cubic*). `congestion="system"` (or None) keeps the machine's
-default. A namespace may only default to an algorithm of the machine's tcp_allowed_congestion_control
+window cut to 4 packets for 200 ms, every 10 s) slows a ring now and then (by how much:
+benchmarks/record/performance.md, *Why the emulated hosts run cubic*). `congestion="system"` (or None) keeps
+the machine's default. A namespace may only default to an algorithm of the machine's tcp_allowed_congestion_control
 (those unprivileged programs may pick), so `up()` adds the named one there when it is missing.
 
 Not emulated: latency and loss. These kernels have no `netem` qdisc, so links have veth latency (microseconds),
