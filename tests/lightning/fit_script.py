@@ -45,8 +45,10 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 import lightning as L  # noqa: E402
 from lightning.pytorch.strategies import StrategyRegistry  # noqa: E402
 
-# Nothing below has imported lightning_mccl.lightning yet: the names come from `import lightning_mccl` alone.
-REGISTERED_BY_IMPORT = "mccl" in StrategyRegistry and "lightning_mccl.lightning.strategy" in sys.modules
+# Nothing below has imported lightning_mccl.lightning yet: the names come from `import lightning_mccl` alone, and
+# registering them loaded no strategy module (each name imports its class when first used).
+REGISTERED_BY_IMPORT = ("mccl" in StrategyRegistry and "mccl_diloco" in StrategyRegistry
+                        and "lightning_mccl.lightning.strategy" not in sys.modules)
 
 STEPS = 6
 BATCH = 4
