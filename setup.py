@@ -45,7 +45,8 @@ setup(
         CppExtension(
             name="lightning_mccl._C",
             sources=[unity("engine.cc", engine), unity("binding.cpp", [b for b in binding if b != MODULE]), MODULE],
-            include_dirs=[os.path.abspath("csrc/engine")],
+            # src/lightning_mccl/metal: the Metal kernels' arithmetic, which the binding also runs on the CPU
+            include_dirs=[os.path.abspath("csrc/engine"), os.path.abspath("src/lightning_mccl/metal")],
             extra_compile_args={"cxx": flags},
         )
     ],

@@ -39,15 +39,17 @@ from macho import unbound_symbols
 
 ROOT = Path(__file__).resolve().parent.parent
 ENGINE = sorted(glob.glob(str(ROOT / "csrc/engine/*.cc")) + glob.glob(str(ROOT / "csrc/engine/algorithms/*.cc")) + glob.glob(str(ROOT / "csrc/engine/transport/*.cc")))
+METAL = ROOT / "src/lightning_mccl/metal"  # the Metal kernels' text, built as C++ by two tests
 HEADERS = glob.glob(str(ROOT / "csrc/**/*.h"), recursive=True) + glob.glob(str(ROOT / "csrc/**/*.hpp"),
-                                                                              recursive=True)
+                                                                              recursive=True) + glob.glob(str(METAL / "*.[hm]*")) \
+    + glob.glob(str(ROOT / "tests/engine/mock_metal/*"))
 TESTS = sorted(glob.glob(str(ROOT / "tests/engine/test_*.cc")))
 BINDING = sorted(glob.glob(str(ROOT / "csrc/torch/*.cpp")))
 MODULE = str(ROOT / "csrc/torch/module.cpp")  # as setup.py builds the binding: this file, and the rest as one unit
 FUZZ_DRIVER = [str(ROOT / "tests/fuzz/driver.cc"), str(ROOT / "tests/fuzz/fuzz_wire.cc")]
 # The engine tests that `make test-arm64` builds and runs under qemu (the others have timeouts tuned for
 # native speed, and are built for arm64 by check-macos: see docs/cross_builds.md).
-ARM64_RUN = ("test_reduce", "test_collectives")
+ARM64_RUN = ("test_reduce", "test_collectives", "test_metal_arithmetic", "test_metal_kernels")
 WARN = ["-Wall", "-Wextra", "-Werror"]  # the engine's own sources; tests and binding warn only
 # check_macos compiles and links without optimising and without the UBSan checks that zig adds by default at
 # -O0 (nothing runs there: they would only cost compile time, and a runtime to build and link).
@@ -105,7 +107,8 @@ def link_all(target: str, out: Path, engine_objs: list, link_flags: list, jobs: 
              left_to_loader=None) -> dict:
     """Each engine test (and the fuzz driver), or those named in `only`, into an executable; {name: path}.
     With `left_to_loader` (a pattern), the link leaves those symbols undefined (see link_leaving)."""
-    cflags = ["-std=c++17", *opt, "-Wall", "-Wextra", f"-I{ROOT}/csrc/engine", f"-I{ROOT}/tests/engine", f"-I{ROOT}/tests/fuzz"]
+    cflags = ["-std=c++17", *opt, "-Wall", "-Wextra", f"-I{ROOT}/csrc/engine", f"-I{ROOT}/tests/engine", f"-I{ROOT}/tests/fuzz",
+              f"-I{ROOT}/tests/engine/mock_metal", f"-I{METAL}"]
     programs = {Path(t).stem: [t] for t in TESTS}
     programs["fuzz_wire_driver"] = FUZZ_DRIVER
     if only is not None:
@@ -200,7 +203,7 @@ def check_macos(args) -> None:
     # A compile-and-link check (nothing runs, and the optimiser would only cost time).
     bflags = ["-std=c++20", *MACOS_OPT, "-fvisibility=hidden", "-Wall", "-Wno-unused-parameter",
               "-Wno-deprecated-declarations", "-DTORCH_EXTENSION_NAME=_C", "-DTORCH_API_INCLUDE_EXTENSION_H",
-              f"-I{ROOT}/csrc/engine", f"-isystem{torch_dir}/include",
+              f"-I{ROOT}/csrc/engine", f"-I{METAL}", f"-isystem{torch_dir}/include",
               f"-isystem{torch_dir}/include/torch/csrc/api/include",
               f"-isystem{sysconfig.get_paths()['include']}"]
     units = [unity(out / "unity" / "binding.cpp", [b for b in BINDING if b != MODULE]), MODULE]

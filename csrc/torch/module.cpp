@@ -21,6 +21,7 @@
 #include "host_memory.hpp"
 #include "int8_blocks.h"
 #include "int8_codec.hpp"
+#include "metal_reference.hpp"
 #include "mps_memory.hpp"
 #include "process_group_mccl.hpp"
 
@@ -122,6 +123,28 @@ at::Tensor int8_decode(const at::Tensor& wire, int64_t count, bool engine) {
   return out;
 }
 
+// ProcessGroupMCCL.allreduce_int8_encoded: `decode`, a Python callable, runs on the completion pool, with the GIL
+// taken there (and dropped with it held); its exception fails the Work.
+c10::intrusive_ptr<c10d::Work> allreduce_int8_encoded(lightning_mccl::ProcessGroupMCCL& pg, at::Tensor& tensor,
+                                                      const at::Tensor& blocks, const std::optional<at::Tensor>& residual,
+                                                      const c10d::ReduceOp& op, pybind11::function decode) {
+  std::shared_ptr<pybind11::function> held(new pybind11::function(std::move(decode)), [](pybind11::function* f) {
+    if (!Py_IsInitialized()) return;  // the interpreter is gone: nothing left to release
+    pybind11::gil_scoped_acquire gil;
+    delete f;
+  });
+  std::function<void()> run = [held] {
+    pybind11::gil_scoped_acquire gil;
+    try {
+      (*held)();
+    } catch (pybind11::error_already_set& e) {
+      throw std::runtime_error(std::string("allreduce_int8_encoded: decode() raised ") + e.what());
+    }
+  };
+  pybind11::gil_scoped_release nogil;
+  return pg.allreduce_int8_encoded(tensor, blocks, residual.value_or(at::Tensor()), op, std::move(run));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(c10d, MPS, m) {
@@ -155,6 +178,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           pybind11::call_guard<pybind11::gil_scoped_release>(),
           "the 8-bit allreduce with error feedback (lightning_mccl.int8): a Work whose future holds [tensor]; "
           "on_device: the per-value work in torch ops on the tensor's device, else in the engine")
+      .def("allreduce_int8_encoded", &allreduce_int8_encoded, pybind11::arg("tensor"), pybind11::arg("blocks"),
+           pybind11::arg("residual"), pybind11::arg("op"), pybind11::arg("decode"),
+           "the 8-bit allreduce of values encoded on their device (lightning_mccl.metal): the engine exchanges "
+           "`blocks` and leaves the reduced blocks there, then decode() runs, before the Work's future (of [tensor]) "
+           "completes")
+      .def_property(
+          "device_kernels", &lightning_mccl::ProcessGroupMCCL::device_kernels,
+          &lightning_mccl::ProcessGroupMCCL::set_device_kernels,
+          "where this group runs the per-value work of accelerator tensors: \"metal\", or why torch ops do "
+          "(lightning_mccl.metal sets it when the group is made)")
       .def("stats", &stats_dict, "this group's traffic counters (engine stats.h), as a dict")
       .def("timeline", &timeline_list,
            "this group's latest collectives with their issue, start, ready and done times (engine timeline.h), "
@@ -187,6 +220,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "residual, error feedback: values + residual are encoded and the residual left holding the error");
   m.def("int8_decode", &int8_decode, pybind11::arg("wire"), pybind11::arg("count"), pybind11::arg("engine") = false,
         "the float32 values of an 8-bit wire form, by the engine (CPU) or torch ops on its device");
+  auto reference = m.def_submodule(
+      "metal_reference", "the Metal kernels on CPU tensors, through their arithmetic's C++ build (arithmetic.h): "
+                         "what lightning_mccl.metal's self-test compares Metal with; each takes its kernel's arguments");
+  namespace ref = lightning_mccl::metal_reference;
+  reference.def("int8_encode", &ref::int8_encode, pybind11::arg("values"), pybind11::arg("residual"),
+                pybind11::arg("blocks"), pybind11::arg("count"), pybind11::arg("feedback"));
+  reference.def("int8_decode", &ref::int8_decode, pybind11::arg("blocks"), pybind11::arg("out"), pybind11::arg("add"));
+  reference.def("pseudo_gradient", &ref::pseudo_gradient, pybind11::arg("anchor"), pybind11::arg("flat"),
+                pybind11::arg("own"));
+  reference.def("outer_step", &ref::outer_step, pybind11::arg("mean"), pybind11::arg("momentum"),
+                pybind11::arg("anchor"), pybind11::arg("own"), pybind11::arg("lr"), pybind11::arg("mu"));
   m.def("reduce_vector_path", &mccl::reduce_vector_path,
         "the vector instructions the engine's CPU reducer uses in this process (for mccl doctor)");
   m.def(

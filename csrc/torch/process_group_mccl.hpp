@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,8 +103,25 @@ class ProcessGroupMCCL : public c10d::Backend {
   // tensor staged as float32, and the residual is a CPU tensor.
   c10::intrusive_ptr<c10d::Work> allreduce_int8(at::Tensor& tensor, const at::Tensor& residual,
                                                 const c10d::ReduceOp& op, bool on_device);
+  // The same for values the caller encoded on their device (lightning_mccl.metal's kernels, queued on the current
+  // stream): `blocks` (uint8, int8_codec.hpp's layout) holds tensor.numel() values with the residual added, and
+  // `residual` (as above, on the tensor's device) what that encoding lost. The engine exchanges the blocks and
+  // leaves the reduced ones in `blocks`, adding the error of the sums this rank owns to its part of `residual`;
+  // then `decode` (which writes the result into `tensor`) runs on the completion pool before the Work's future
+  // completes. At least two ranks (with one, allreduce_int8 leaves the tensor as it is).
+  c10::intrusive_ptr<c10d::Work> allreduce_int8_encoded(at::Tensor& tensor, const at::Tensor& blocks,
+                                                        const at::Tensor& residual, const c10d::ReduceOp& op,
+                                                        std::function<void()> decode);
+  // Where this group runs the per-value work of accelerator tensors (the 8-bit path's, DiLoCo's): "metal", or
+  // why torch ops do it; set once, when the group is made, by what its ranks agreed (lightning_mccl.metal).
+  const std::string& device_kernels() const { return device_kernels_; }
+  void set_device_kernels(std::string choice) { device_kernels_ = std::move(choice); }
 
  private:
+  // The exchange of `blocks` (of tensor's values, encoded on the device, on the current stream), then `finish`.
+  c10::intrusive_ptr<c10d::Work> exchange_int8_blocks(at::Tensor& tensor, const at::Tensor& blocks,
+                                                      const at::Tensor& residual, mccl::ReduceOp reduce,
+                                                      std::function<void()> finish);
   // Queues one engine operation (`start(done, start_after)`) for a new WorkMCCL (launch.hpp). `finish` (may be
   // empty): runs on the completion pool after the staged outputs are copied back, on their stream.
   template <typename Start>
@@ -111,6 +129,7 @@ class ProcessGroupMCCL : public c10d::Backend {
                                         Start&& start, std::function<void()> finish = nullptr);
 
   std::unique_ptr<mccl::Communicator> comm_;
+  std::string device_kernels_;
 };
 
 }  // namespace lightning_mccl

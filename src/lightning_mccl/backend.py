@@ -9,7 +9,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, metal
 from .options import settings_of
 
 ProcessGroupMCCL = _C.ProcessGroupMCCL
@@ -74,7 +74,10 @@ def create_backend(opts, backend_options=None):
     if not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=float(timeout))
     route_to = os.environ.get("MASTER_ADDR") or _store_host(opts.store)
-    return ProcessGroupMCCL(opts.store, opts.group_rank, opts.group_size, timeout, route_to, settings)
+    metal_setting = metal.setting()  # a bad MCCL_METAL fails here, before the ranks connect
+    backend = ProcessGroupMCCL(opts.store, opts.group_rank, opts.group_size, timeout, route_to, settings)
+    metal.agree(backend, opts.store, opts.group_rank, opts.group_size, metal_setting)  # Metal kernels: all or none
+    return backend
 
 
 def wire_type(value: str) -> str:

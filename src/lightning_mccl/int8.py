@@ -49,6 +49,7 @@ from typing import Any, Dict, Hashable, Optional
 import torch
 import torch.distributed as dist
 
+from . import metal
 from .backend import required_backend
 
 FLOATING = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -84,7 +85,9 @@ def all_reduce(tensor: torch.Tensor, residual: Optional[torch.Tensor], op: Any =
         if op not in _OPS:
             raise ValueError(f"lightning_mccl.int8.all_reduce: op={op!r}, expected 'avg' or 'sum'")
         op = _OPS[op]
-    return backend.allreduce_int8(tensor, residual, op, _on_device(tensor, codec))
+    on_device = _on_device(tensor, codec)
+    work = metal.allreduce_int8(backend, tensor, residual, op) if on_device else None  # MPS: lightning_mccl.metal
+    return work if work is not None else backend.allreduce_int8(tensor, residual, op, on_device)
 
 
 class ErrorFeedback:

@@ -76,3 +76,25 @@ def test_error_feedback_leaves_the_same_residual(count, device):
     total = x + residual
     lost = total - _C.int8_decode(wire, count, engine=True)
     assert torch.equal(kept, torch.where(torch.isfinite(total), lost, 0.0))  # what the encoding lost, 0 for NaN/Inf
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("count", SIZES)
+def test_the_metal_kernels_arithmetic_encodes_and_decodes_as_the_device_codec(count, device):
+    """arithmetic.h built as C++ (_C.metal_reference: what Metal runs, compiled by the host's compiler) against
+    the torch ops on `device`: the bytes, the residual and the decoded bits (tests/engine/test_metal_arithmetic.cc
+    checks the same header against the engine)."""
+    from lightning_mccl import metal
+
+    x = torch.from_numpy(_values(count, count))
+    residual = torch.from_numpy(_values(count, 8 + count)) * 1e-3
+    blocks = torch.empty((count + metal.BLOCK - 1) // metal.BLOCK * metal.ROW, dtype=torch.uint8)
+    kept = residual.clone()
+    _C.metal_reference.int8_encode(x, kept, blocks, count, 1)
+    on_device = residual.clone().to(device)
+    wire = _C.int8_encode(x.to(device), on_device).cpu()
+    assert torch.equal(blocks[:wire.numel()], wire), f"{count} values: the encodings differ"
+    assert np.array_equal(_bits(on_device), _bits(kept)), "the residuals differ"
+    decoded = torch.empty(count)
+    _C.metal_reference.int8_decode(blocks, decoded, 0)
+    assert np.array_equal(_bits(decoded), _bits(_C.int8_decode(wire.to(device), count))), "the decodings differ"

@@ -45,6 +45,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 import torch
 import torch.distributed as dist
 
+from .. import metal
 from .averaging import AllreduceMean, Averaging, InFlight
 from .settings import OUTER_LR, OUTER_MOMENTUM, check_settings
 
@@ -100,10 +101,20 @@ class DiLoCo:
         self._views = _views(self.comm, self.params + self.buffers)
         self._param_views, self._buffer_views = self._views[:len(self.params)], self._views[len(self.params):]
         self._anchor_views = _views(self.anchor, self.params)
-        for view, grad in zip(self._anchor_views, self._param_views):
-            view.grad = grad  # the outer optimizer's gradient is the mean pseudo-gradient, in place
-        make = outer_optimizer or default_outer_optimizer(float(outer_lr), float(outer_momentum))
-        self.outer_optimizer = make(self._anchor_views)
+        # The outer optimizer's gradient is the mean pseudo-gradient, in place. The default optimizer sees the
+        # anchor as one vector (so that a fused kernel can run its step); one given sees it shaped as the
+        # parameters, as it would see the model.
+        if outer_optimizer is None:
+            self.anchor.grad = self.comm[:n]
+            self.outer_optimizer = default_outer_optimizer(float(outer_lr), float(outer_momentum))([self.anchor])
+        else:
+            for view, grad in zip(self._anchor_views, self._param_views):
+                view.grad = grad
+            self.outer_optimizer = outer_optimizer(self._anchor_views)
+        # Metal kernels for the per-value work on an MPS tensor, where the ranks agreed on them (metal/): the
+        # pseudo-gradient, and the default outer step fused with this rank's correction. None: torch ops.
+        self._kernels = metal.kernels(self.group, device)
+        self._fused_step = self._kernels is not None and outer_optimizer is None
         self.inner_steps = 0  # inner optimizer steps taken
         self.round_start = 0  # inner_steps when the current round began
         self.rounds = 0  # outer syncs started
@@ -158,8 +169,11 @@ class DiLoCo:
         n = self.anchor.numel()
         delta = self.comm[:n]
         self._pack(delta, self.params)
-        torch.sub(self.anchor, delta, out=delta)  # anchor - w_i
-        self.own.copy_(delta)
+        if self._kernels is not None:
+            self._kernels.pseudo_gradient(self.anchor, delta, self.own)
+        else:
+            torch.sub(self.anchor, delta, out=delta)  # anchor - w_i
+            self.own.copy_(delta)
         self._pack(self.comm[n:], self.buffers, self._buffer_views)
         self._in_flight = self.averaging.start(self.comm)
         self._pending, self.round_start = self.inner_steps, self.inner_steps
@@ -177,9 +191,17 @@ class DiLoCo:
     def _apply(self) -> None:
         self._wait()  # raises before anything changes
         with torch.no_grad():
-            self.own.sub_(self.anchor)  # delta_i - u = (delta_i - anchor before) + anchor after
-            self.outer_optimizer.step()  # the anchor, by the mean pseudo-gradient (its grad)
-            correction = self.own.add_(self.anchor)
+            if self._fused_step:  # SGD's step, momentum and all, and delta_i - u in one pass
+                group = self.outer_optimizer.param_groups[0]
+                momentum = self.outer_optimizer.state[self.anchor].setdefault(
+                    "momentum_buffer", torch.zeros_like(self.anchor))
+                self._kernels.outer_step(self.anchor.grad, momentum, self.anchor, self.own, group["lr"],
+                                         group["momentum"])
+            else:
+                self.own.sub_(self.anchor)  # delta_i - u = (delta_i - anchor before) + anchor after
+                self.outer_optimizer.step()  # the anchor, by the mean pseudo-gradient (its grad)
+                self.own.add_(self.anchor)
+            correction = self.own
             for p, c in zip(self.params, _views(correction, self.params)):
                 p.add_(c)
             for b, v in zip(self.buffers, self._buffer_views):
@@ -238,12 +260,9 @@ class DiLoCo:
 
     def _load_momentum(self, momentum: torch.Tensor, applied: int) -> None:
         """The first releases' outer momentum (one vector, zeros until the first outer step) as the default SGD's
-        momentum buffers; nothing when no outer step was applied yet or the optimizer keeps no momentum."""
-        group = self.outer_optimizer.param_groups[0]
-        if applied < 1 or not group.get("momentum"):
-            return
-        for view, m in zip(self._anchor_views, _views(momentum.to(self.anchor.device), self.params)):
-            self.outer_optimizer.state[view]["momentum_buffer"] = m.clone()
+        momentum buffer; nothing when no outer step was applied yet or the optimizer keeps no momentum."""
+        if applied >= 1 and self.outer_optimizer.param_groups[0].get("momentum"):
+            self.outer_optimizer.state[self.anchor]["momentum_buffer"] = momentum.to(self.anchor.device).clone()
 
 
 def _named(error: Exception, message: str) -> Exception:
