@@ -29,7 +29,7 @@ FITS := tests/lightning/test_strategy_fits.py
 LIGHTNING_OLDEST_TESTS ?= $(foreach run,mccl instance cli_string cli_class_path,\
   '$(FITS)::test_fit_over_mccl_equals_lightning_ddp_over_gloo[lightning_mccl-$(run)-LightningEnvironment]') \
   $(FITS)::test_bf16_compress_hook_runs_on_cpu_and_matches_gloo $(FITS)::test_powersgd_runs_and_matches_gloo \
-  tests/lightning/test_strategy_arguments.py \
+  tests/lightning/test_strategy_arguments.py tests/lightning/test_diloco_strategy.py \
   tests/lightning/test_strategy_mps.py tests/lightning/test_environment.py \
   tests/lightning/test_internals.py::test_the_installed_lightning_passes_the_checks \
   tests/lightning/test_internals.py::test_the_mps_gate_rebinds_nothing_and_other_threads_are_still_refused \
@@ -37,7 +37,7 @@ LIGHTNING_OLDEST_TESTS ?= $(foreach run,mccl instance cli_string cli_class_path,
   tests/recipes/test_vit_recipe.py::test_checkpoint_path_loads_backbone_and_makes_a_new_head
 # Of the import-order cases (a subprocess each), those of the two strategies' modules: every module runs the
 # same registration (lightning_mccl.registration).
-LIGHTNING_OLDEST_SKIP ?= $(foreach name,CommMetrics MacFleetEnvironment,\
+LIGHTNING_OLDEST_SKIP ?= $(foreach name,CommMetrics MacFleetEnvironment MCCLDiLoCoStrategy,\
   --deselect 'tests/lightning/test_strategy_arguments.py::test_any_name_imported_first_registers_both_strategy_registries[$(name)]')
 
 .PHONY: demo bench bench-fleet reliability test test-quick test-engine test-sanitize test-tsan test-python test-lightning-oldest \

@@ -103,16 +103,6 @@ def restore_environ():
 
 
 @pytest.fixture
-def mps_stand_in(monkeypatch):
-    """MPS reported available with one device, as Lightning's own tests do it (`mock_mps_count`). torch
-    has no MPS here, so nothing may touch an MPS tensor: the configs are instantiated, never trained."""
-    import lightning.fabric.accelerators.mps as fabric_mps
-
-    monkeypatch.setattr(fabric_mps, "_get_all_available_mps_gpus", lambda: [0])
-    monkeypatch.setattr(fabric_mps.MPSAccelerator, "is_available", lambda *_: True)
-
-
-@pytest.fixture
 def no_network(monkeypatch):
     """Any attempt to resolve a name or open a connection fails, as on a machine with no network."""
     def refuse(*args, **kwargs):
