@@ -22,8 +22,9 @@ using mccl_test::run_world;
 
 namespace {
 
+// The environment's settings (MCCL_NSOCKS, MCCL_SEND_THREAD_BYTES, ...), with small pieces and `algo`.
 Config algorithm(AlgoChoice algo) {
-  Config c;
+  Config c = Config::global();
   c.chunk_bytes = 4096;  // pieces of 15 blocks: most segments have several, and short last blocks
   c.int8_algo = algo;
   return c;
