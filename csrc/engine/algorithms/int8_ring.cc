@@ -44,8 +44,8 @@ namespace {
 
 class Int8Ring {
  public:
-  Int8Ring(Collective& c, char* blocks, size_t count, float* owned_error)
-      : c_(c), n_(c.size()), r_(c.rank()), steps_(n_ - 1), at_(c, blocks, count), owned_error_(owned_error),
+  Int8Ring(Collective& c, const EncodedSegments& at, float* owned_error)
+      : c_(c), n_(c.size()), r_(c.rank()), steps_(n_ - 1), at_(at), owned_error_(owned_error),
         reductions_(steps_), gathered_(steps_) {
     size_t largest = 0;
     for (const Segment& seg : at_.segs) largest = std::max(largest, seg.bytes);
@@ -59,7 +59,7 @@ class Int8Ring {
     const int first = segment(-1);
     for (size_t p = 0; p < at_.pieces_of(first); ++p)
       sends_.push_back(
-          c_.send_encoded(right(), at_.encoded(first, p), at_.values(first, p), at_.offset(first, p), 0));
+          c_.send_encoded(right(), at_.contribution(first, p), at_.values(first, p), at_.offset(first, p), 0));
     for (int s = 0; s < steps_; ++s) {
       if (s + 1 == steps_) expect_finished();
       const int k = segment(-s - 2);
@@ -106,7 +106,7 @@ class Int8Ring {
   void add_own(int s, int k, size_t p) {
     const size_t len = at_.bytes(k, p);
     float* sum = reinterpret_cast<float*>(c_.scratch(1, len));
-    c_.decode(sum, at_.encoded(k, p), at_.values(k, p));  // while the partial sum may still be arriving
+    c_.decode(sum, at_.contribution(k, p), at_.values(k, p));  // while the partial sum may still be arriving
     const RequestPtr& partial = reductions_[s][p];
     c_.wait(partial);
     if (s + 1 < steps_) {
@@ -121,7 +121,7 @@ class Int8Ring {
 
   Collective& c_;
   const int n_, r_, steps_;
-  const EncodedSegments at_;
+  const EncodedSegments& at_;
   float* const owned_error_;
   int slots_ = 2;  // reduce-scatter steps whose receives are posted ahead
   std::vector<std::vector<RequestPtr>> reductions_, gathered_;  // per step, one per piece
@@ -130,8 +130,8 @@ class Int8Ring {
 
 }  // namespace
 
-void allreduce_int8_ring(Collective& c, char* blocks, size_t count, float* owned_error) {
-  Int8Ring(c, blocks, count, owned_error).run();
+void allreduce_int8_ring(Collective& c, const EncodedSegments& at, float* owned_error) {
+  Int8Ring(c, at, owned_error).run();
 }
 
 }  // namespace mccl

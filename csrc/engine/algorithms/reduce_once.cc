@@ -33,8 +33,8 @@ constexpr uint32_t kContribution = 0, kFinished = 1;  // header steps of the two
 
 class ReduceOnce {
  public:
-  ReduceOnce(Collective& c, char* blocks, size_t count, float* owned_error)
-      : c_(c), n_(c.size()), r_(c.rank()), at_(c, blocks, count), owned_error_(owned_error) {
+  ReduceOnce(Collective& c, const EncodedSegments& at, float* owned_error)
+      : c_(c), n_(c.size()), r_(c.rank()), at_(at), owned_error_(owned_error) {
     contributions_.resize(at_.pieces_of(r_));
     for (int k = 0; k < n_; ++k) rounds_ = std::max(rounds_, at_.pieces_of(k));
     const size_t round_bytes = at_.pieces.piece * static_cast<size_t>(n_ - 1) * 2;
@@ -62,7 +62,7 @@ class ReduceOnce {
     for (int i = 1; i < n_; ++i) {
       const int k = peer(i);
       if (p >= at_.pieces_of(k)) continue;
-      sends_.push_back(c_.send_encoded(k, at_.encoded(k, p), at_.values(k, p), at_.offset(k, p), kContribution));
+      sends_.push_back(c_.send_encoded(k, at_.contribution(k, p), at_.values(k, p), at_.offset(k, p), kContribution));
     }
   }
 
@@ -89,7 +89,7 @@ class ReduceOnce {
   void finish(size_t p) {
     const size_t len = at_.bytes(r_, p);
     float* sum = reinterpret_cast<float*>(c_.scratch(1, len));
-    c_.decode(sum, at_.encoded(r_, p), at_.values(r_, p));
+    c_.decode(sum, at_.contribution(r_, p), at_.values(r_, p));
     std::vector<RequestPtr>& received = contributions_[p];
     for (size_t k = 0; k + 1 < received.size(); ++k) {
       c_.wait(received[k]);
@@ -104,7 +104,7 @@ class ReduceOnce {
 
   Collective& c_;
   const int n_, r_;
-  const EncodedSegments at_;
+  const EncodedSegments& at_;
   float* const owned_error_;
   size_t rounds_ = 0;  // pieces in the longest segment
   size_t window_ = 1;  // rounds of receives posted ahead
@@ -114,8 +114,8 @@ class ReduceOnce {
 
 }  // namespace
 
-void allreduce_int8_exchange(Collective& c, char* blocks, size_t count, float* owned_error) {
-  ReduceOnce(c, blocks, count, owned_error).run();
+void allreduce_int8_exchange(Collective& c, const EncodedSegments& at, float* owned_error) {
+  ReduceOnce(c, at, owned_error).run();
 }
 
 }  // namespace mccl
