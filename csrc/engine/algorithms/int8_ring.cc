@@ -1,4 +1,4 @@
-// The 8-bit allreduce's ring (docs/int8.md, *The ring*): the encoded buffer reduce-scattered, then all-gathered,
+// The 8-bit allreduce's ring (docs/int8.md, *The algorithms*): the encoded buffer reduce-scattered, then all-gathered,
 // around the ring, each partial sum added in float32 and requantised at every hop.
 //
 // The buffer, its segments and its pieces are the exchange's (EncodedSegments: segment k, whole blocks, is rank
@@ -7,7 +7,7 @@
 // (n-1)/n of the buffer twice.
 //
 // Reduce-scatter, steps s = 0 .. n-2, piece by piece. Step 0: rank r sends its own contribution to segment r-1,
-// as it is in the buffer. Step s: it receives the partial sum of segment r-s-2 from rank r-1, decodes its own
+// as it is in the buffer (EncodedSegments::contribution: encoded there first from float32 values). Step s: it receives the partial sum of segment r-s-2 from rank r-1, decodes its own
 // contribution to that piece, adds the two in float32 and encodes the sum (a requantisation: the 8-bit blocks of
 // int8_blocks.h, scales from the sum's own blocks) in the same pass, then sends it on as step s+1. So segment k
 // collects its contributions in the order k+1, k+2, ..., k-1, and its owner k adds its own last: in the last step
@@ -23,7 +23,7 @@
 // the ring (j = 1 .. n-1: j+1 contributions; the (n-1)-th is the sum) is encoded once, by the rank that made it,
 // with error at most c M_j, M_j its largest magnitude in the block. So, in the units of the sum,
 //   |result - exact sum| <= c (sum over m of A_m  +  M_1 + ... + M_{n-1})  + float32's rounding of the n-1 sums,
-// where M_j <= A of its j+1 contributors summed, plus the errors of the hops before it. The exchange's bound is the
+// where M_j <= A of its j+1 contributors summed, plus the errors of the encodings before it. The exchange's bound is the
 // same without M_1 .. M_{n-2}: c (sum of A_m + M_{n-1}). With n ranks of like magnitudes A, the ring's is at most
 // (n^2 + 3n - 2) / 2 c A, the exchange's 2n c A: the hops' part grows with n, and with it the error; partial sums of
 // values of random sign grow like sqrt(j), so in practice it grows more slowly (docs/int8.md measures it).
