@@ -136,11 +136,13 @@ class Buffers:
         return worst / scale if scale > 0 else worst
 
     def default_rtol(self) -> float:
-        """Rounding of n inputs and of the result in this dtype, with room (reductions reorder sums); 8 bits: each
-        input and the sum encoded once, each within its block's largest magnitude / 252 (docs/int8.md), and the
-        inputs here share their signs, so that the sum's magnitude is the inputs' together: 4/252."""
+        """Rounding of n inputs and of the result in this dtype, with room (reductions reorder sums); 8 bits
+        (docs/int8.md, *The error bound*): each input and the sum encoded once, each within its block's largest
+        magnitude / 252, and with MCCL_INT8_ALGO=ring each of the n-2 partial sums once more; the inputs here
+        share their signs, so that no partial sum is larger than the sum, and the inputs' magnitudes together are
+        the sum's: 2/252 for the exchange, n/252 for the ring, with room (n + 2)/252."""
         if self.op == "allreduce_int8":
-            return 4 / 252
+            return (self.world + 2) / 252
         return 4 * self.world * torch.finfo(self.dtype).eps
 
     def prepare_timing(self) -> None:

@@ -105,7 +105,7 @@ class Collective {
   // Data this rank keeps and also sends, rounded in place to what the others will receive.
   void keep_as_sent(void* data, size_t bytes);
 
-  // Payloads in their wire form already (an 8-bit allreduce's encoded buffer, algorithms/reduce_once.cc): the
+  // Payloads in their wire form already (an 8-bit allreduce's encoded buffer, algorithms/int8_allreduce.cc): the
   // wire form of `count` elements, sent from `wire` as it is, or received into it as it comes.
   RequestPtr send_encoded(int peer, const char* wire, size_t count, uint64_t offset, uint32_t step);
   RequestPtr recv_encoded(int peer, char* wire, size_t count, uint64_t offset, uint32_t step);

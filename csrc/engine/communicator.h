@@ -80,12 +80,13 @@ class Communicator {
   WorkPtr alltoall(const void* in, std::vector<size_t> send_counts, void* out, std::vector<size_t> recv_counts,
                    DataType dtype, Callback done = nullptr, StartAfter start_after = nullptr);
   WorkPtr barrier(Callback done = nullptr, StartAfter start_after = nullptr);
-  // The 8-bit allreduce (docs/int8.md, algorithms/reduce_once.cc): float32 values, SUM or AVG, that travel as
+  // The 8-bit allreduce (docs/int8.md, algorithms/int8_allreduce.cc): float32 values, SUM or AVG, that travel as
   // 8-bit blocks (int8_blocks.h), whatever MCCL_WIRE_DTYPE says, each encoded once by its rank and once, summed,
-  // by its owner. `residual` (null, or `count` floats of this rank's, zeros at first and kept by the caller
-  // between calls, in memory the progress thread may write): error feedback. It is added to the values before
-  // they are encoded, and then holds what this rank's encodings lost: of every value, and of the sums of the
-  // values it owns (in the units of the sum), which the next call adds back. One rank: nothing changes.
+  // by its owner (MCCL_INT8_ALGO=ring: the partial sums also once at every hop on the way). `residual` (null, or
+  // `count` floats of this rank's, zeros at first and kept by the caller between calls, in memory the progress
+  // thread may write): error feedback. It is added to the values before they are encoded, and then holds what
+  // this rank's encodings lost: of every value, and of the sums of the values it owns (in the units of the sum),
+  // which the next call adds back (not the ring's hops). One rank: nothing changes.
   WorkPtr allreduce_int8(float* buf, size_t count, ReduceOp op, float* residual, Callback done = nullptr,
                          StartAfter start_after = nullptr);
   // The same collective on values this rank has encoded already (on its device: csrc/torch/int8_codec.cpp):

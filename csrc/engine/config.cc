@@ -90,6 +90,7 @@ constexpr std::pair<const char*, A> kAllreduceAlgos[] = {
     {"auto", A::kAuto}, {"ring", A::kRing}, {"rd", A::kRecursiveDoubling}, {"recursive_doubling", A::kRecursiveDoubling}};
 constexpr std::pair<const char*, A> kRootedAlgos[] = {{"auto", A::kAuto}, {"tree", A::kTree}, {"ring", A::kRing}};
 constexpr std::pair<const char*, A> kAllgatherAlgos[] = {{"auto", A::kAuto}, {"ring", A::kRing}, {"bruck", A::kBruck}};
+constexpr std::pair<const char*, A> kInt8Algos[] = {{"auto", A::kAuto}, {"exchange", A::kExchange}, {"ring", A::kRing}};
 // MCCL_WIRE_DTYPE's values, a wire type's usual name first: a new wire type is one more row.
 constexpr std::pair<const char*, DataType> kWireTypes[] = {
     {"off", DataType::kFloat32},  {"none", DataType::kFloat32},     {"float32", DataType::kFloat32},
@@ -181,6 +182,10 @@ constexpr Variable kVariables[] = {
      [](const Value& v, Config& c) { c.reduce_scatter_algo = v.choice(kAllreduceAlgos, "auto, ring, rd"); }},
     {"MCCL_REDUCE_SCATTER_RD_MAX_BYTES", "0", Scope::kGroup, "in auto, reduce-scatters up to this input size use rd",
      [](const Value& v, Config& c) { c.reduce_scatter_rd_max_bytes = v.bytes(0); }},
+    {"MCCL_INT8_ALGO", "auto", Scope::kGroup, "8-bit allreduce algorithm: auto (the table), exchange, ring",
+     [](const Value& v, Config& c) { c.int8_algo = v.choice(kInt8Algos, "auto, exchange, ring"); }},
+    {"MCCL_INT8_EXCHANGE_MAX_BYTES", "0", Scope::kGroup, "in auto, 8-bit allreduces up to this float32 size use the exchange",
+     [](const Value& v, Config& c) { c.int8_exchange_max_bytes = v.bytes(0); }},
     {"MCCL_CHUNK_BYTES", "512K", Scope::kGroup, "the ring's pipelining piece, in bytes on the wire",
      [](const Value& v, Config& c) {
        c.chunk_bytes = v.bytes(8);

@@ -17,7 +17,7 @@
 namespace mccl {
 
 // A collective's algorithm (algorithms/select.h); the numbers travel in the handshake (MCCL_ALGO).
-enum class AlgoChoice : uint8_t { kAuto = 0, kRing = 1, kRecursiveDoubling = 2, kTree = 3, kBruck = 4 };
+enum class AlgoChoice : uint8_t { kAuto = 0, kRing = 1, kRecursiveDoubling = 2, kTree = 3, kBruck = 4, kExchange = 5 };
 
 // MCCL_REDUCE_THREADS' maximum: the reduction pool (reduce_pool.cc) splits one piece's work into at most
 // this many parts, the calling thread's and those of kMaxReduceThreads - 1 workers.
@@ -59,6 +59,10 @@ struct Config {
   // MCCL_REDUCE_SCATTER_ALGO: auto | ring | rd; MCCL_REDUCE_SCATTER_RD_MAX_BYTES (the input size).
   AlgoChoice reduce_scatter_algo;
   size_t reduce_scatter_rd_max_bytes;
+  // MCCL_INT8_ALGO: auto | exchange (reduce-once) | ring, the 8-bit allreduce's (docs/int8.md);
+  // MCCL_INT8_EXCHANGE_MAX_BYTES (the float32 buffer's size): up to it auto runs the exchange, the ring above.
+  AlgoChoice int8_algo;
+  size_t int8_exchange_max_bytes;
   // MCCL_CHUNK_BYTES: pipelining granularity of the ring (each ring step moves its segment in such pieces),
   // in bytes on the wire: a compressed float32 piece holds chunk_bytes / 2 elements.
   size_t chunk_bytes;

@@ -141,8 +141,8 @@ void Handshake::on_hello() {
                 ": set the same value on every host");
   if (std::memcmp(theirs_.selection, mine_.selection, sizeof mine_.selection) != 0)
     return fail("it has other algorithm settings (MCCL_BROADCAST_ALGO, MCCL_REDUCE_ALGO, MCCL_ALLGATHER_ALGO, "
-                "MCCL_REDUCE_SCATTER_ALGO or their *_MAX_BYTES thresholds) than this rank: set the same values on "
-                "every host");
+                "MCCL_REDUCE_SCATTER_ALGO, MCCL_INT8_ALGO or their *_MAX_BYTES thresholds) than this rank: set the "
+                "same values on every host");
   if (theirs_.lane >= theirs_.nsocks) return fail("its lane " + std::to_string(theirs_.lane) + " is out of range");
   if (role_ == HandshakeRole::kConnector && theirs_.lane != mine_.lane)
     return fail("it answered for lane " + std::to_string(theirs_.lane) + ", not " + std::to_string(mine_.lane));

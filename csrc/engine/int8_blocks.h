@@ -29,7 +29,7 @@ void int8_decode(float* dst, const char* wire, size_t count, size_t max_parts = 
 // data = decode(encode(data)) in place.
 void int8_round(float* data, size_t count, size_t max_parts = 0);
 
-// The 8-bit allreduce's split of `count` values over `parts` ranks (algorithms/reduce_once.cc): whole blocks, as
+// The 8-bit allreduce's split of `count` values over `parts` ranks (algorithms/int8_allreduce.cc): whole blocks, as
 // evenly as possible (the first parts get one more), so every segment's blocks are blocks of the whole buffer.
 struct ValueRange {
   size_t first = 0;

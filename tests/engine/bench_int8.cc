@@ -1,8 +1,8 @@
-// The 8-bit allreduce measured on loopback threads (docs/int8.md): the reduce-once exchange against a float64
+// The 8-bit allreduce measured on loopback threads (docs/int8.md): its two algorithms (MCCL_INT8_ALGO: the
+// reduce-once exchange, and the ring whose partial sums are requantised at every hop) against a float64
 // reference, on float32 values (a CPU tensor's: the engine encodes and decodes) and on values encoded by the
 // caller (an accelerator tensor's, whose device encodes and decodes: the engine's share of its work), with bf16 on
-// the wire (the ring) as the yardstick. (The ring whose partial sums are encoded again at every hop, the design not
-// chosen, was a row of this table at commit f491c71, with MCCL_ALGO=ring.)
+// the wire (the plain ring) as the yardstick.
 // Prints one row per design and world size:
 // relative error (2-norm, and the largest error over the largest magnitude), that error after 20 steps of
 // error feedback (the mean of the results against the exact mean), and the process's CPU time per element
@@ -47,6 +47,7 @@ enum class Path { kFloat32, kEncoded, kBf16Ring };
 struct Design {
   const char* name;
   Path path;
+  AlgoChoice int8_algo = AlgoChoice::kExchange;
 };
 
 struct Row {
@@ -68,6 +69,7 @@ void encode_with_feedback(std::vector<char>& blocks, const std::vector<float>& i
 
 Row measure(const Design& d, int world, size_t count) {
   Config config;
+  config.int8_algo = d.int8_algo;
   if (d.path == Path::kBf16Ring) config.algo = AlgoChoice::kRing, config.wire_dtype = DataType::kBFloat16;
   std::vector<std::vector<float>> results(world), means(world);
   double cpu = 0;
@@ -175,6 +177,8 @@ int main(int argc, char** argv) {
   codec_cost(count);
   const Design designs[] = {{"int8 reduce-once, float32 in and out", Path::kFloat32},
                             {"int8 reduce-once, encoded in and out", Path::kEncoded},
+                            {"int8 ring, float32 in and out", Path::kFloat32, AlgoChoice::kRing},
+                            {"int8 ring, encoded in and out", Path::kEncoded, AlgoChoice::kRing},
                             {"bf16 ring", Path::kBf16Ring}};
   std::printf("| design | ranks | rel. error (2-norm) | max error / max | after 20 steps with feedback | CPU ns/value/rank |\n");
   std::printf("|---|---|---|---|---|---|\n");

@@ -1,8 +1,9 @@
-// The 8-bit allreduce (Communicator::allreduce_int8, docs/int8.md): results against a float64 reference within
-// the format's bound on several world sizes, uneven and not a multiple of the block, every rank holding the same
-// bits; error feedback whose residuals are each rank's real quantisation error, so that their sum, and the error
-// of the results summed over many steps, stay bounded; NaN and Inf that come out as themselves and do not stick
-// in the residual; the entry for values encoded already (a device's) equal to the float32 one, bit for bit, in
+// The 8-bit allreduce (Communicator::allreduce_int8, docs/int8.md): the exchange's results against a float64
+// reference within its bound on several world sizes, uneven and not a multiple of the block, every rank holding
+// the same bits; its error feedback, whose residuals are each rank's real quantisation error, so that their sum,
+// and the error of the results summed over many steps, stay bounded; on both algorithms (the exchange and the
+// ring: test_int8_ring.cc has the ring's bound), NaN and Inf that come out as themselves and do not stick in the
+// residual, and the entry for values encoded already (a device's) equal to the float32 one, bit for bit, in
 // results and residuals, also when ranks mix them; bad input and a rank that calls the plain allreduce meanwhile
 // named.
 #include <cmath>
@@ -32,11 +33,16 @@ double bound(int world) {
   return (2.0 * world * kInputMax / 252.0) * (1 + std::ldexp(1.0, -16)) + world * kInputMax * std::ldexp(1.0, -22);
 }
 
-Config with_chunk(size_t chunk_bytes) {
+Config with_chunk(size_t chunk_bytes, AlgoChoice algo = AlgoChoice::kAuto) {
   Config c;
   c.chunk_bytes = chunk_bytes;
+  c.int8_algo = algo;
   return c;
 }
+
+// The 8-bit allreduce's two algorithms (MCCL_INT8_ALGO): what holds for both is checked on both.
+constexpr AlgoChoice kBothAlgorithms[] = {AlgoChoice::kExchange, AlgoChoice::kRing};
+const char* name_of(AlgoChoice algo) { return algo == AlgoChoice::kRing ? "ring" : "exchange"; }
 
 }  // namespace
 
@@ -57,7 +63,7 @@ TEST(int8_allreduce_is_within_its_bound_and_identical_on_every_rank) {
         std::lock_guard<std::mutex> lock(results[k].mu);
         results[k].of_rank[rank] = buf;
       }
-    }, std::chrono::seconds(60), with_chunk(4096));
+    }, std::chrono::seconds(60), with_chunk(4096, AlgoChoice::kExchange));
     for (int r = 0; r < world; ++r) CHECK_MSG(errors[r].empty(), "world %d rank %d: %s", world, r, errors[r].c_str());
     if (!errors[0].empty()) continue;
     for (size_t k = 0; k < calls; ++k) {
@@ -116,7 +122,7 @@ TEST(error_feedback_keeps_the_residual_sum_bounded) {
         }
         comm.barrier()->wait();
       }
-    }, std::chrono::seconds(60));
+    }, std::chrono::seconds(60), with_chunk(Config().chunk_bytes, AlgoChoice::kExchange));
     for (int r = 0; r < world; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
     if (!errors[0].empty()) return;
     const double step_bound = bound(world) * 0.01;
@@ -141,7 +147,7 @@ TEST(error_feedback_keeps_the_residual_sum_bounded) {
   }
 }
 
-TEST(nan_and_inf_come_out_as_themselves_and_do_not_stick_in_the_residual) {
+static void nan_and_inf_on(AlgoChoice algo) {
   const int world = 3;
   const size_t count = 2000;
   const float inf = std::numeric_limits<float>::infinity();
@@ -156,6 +162,7 @@ TEST(nan_and_inf_come_out_as_themselves_and_do_not_stick_in_the_residual) {
     if (rank == 1) buf[700] = inf;
     if (rank == 2) buf[1500] = -inf;
     if (rank != 0) buf[1999] = inf;  // two ranks: still +Inf
+    if (rank > 0) buf[1200] = rank == 1 ? inf : -inf;  // +Inf and -Inf: NaN
     comm.allreduce_int8(buf.data(), count, ReduceOp::kAvg, residual.data())->wait();
     std::vector<float> once = buf;
     for (size_t i = 0; i < count; ++i) buf[i] = input(rank, i);
@@ -164,16 +171,18 @@ TEST(nan_and_inf_come_out_as_themselves_and_do_not_stick_in_the_residual) {
     first.of_rank[rank] = once;
     second.of_rank[rank] = buf;
     residuals[rank] = residual;
-  }, std::chrono::seconds(30), with_chunk(4096));
-  for (int r = 0; r < world; ++r) CHECK_MSG(errors[r].empty(), "rank %d: %s", r, errors[r].c_str());
+  }, std::chrono::seconds(30), with_chunk(4096, algo));
+  for (int r = 0; r < world; ++r) CHECK_MSG(errors[r].empty(), "%s rank %d: %s", name_of(algo), r, errors[r].c_str());
   if (!errors[0].empty()) return;
   for (int r = 0; r < world; ++r) {
     const std::vector<float>& got = first.of_rank[r];
-    CHECK_MSG(std::isnan(got[10]), "rank %d: NaN came out as %g", r, got[10]);
+    CHECK_MSG(std::isnan(got[10]), "%s rank %d: NaN came out as %g", name_of(algo), r, got[10]);
     CHECK_MSG(got[700] == inf && got[1999] == inf, "rank %d: +Inf came out as %g, %g", r, got[700], got[1999]);
     CHECK_MSG(got[1500] == -inf, "rank %d: -Inf came out as %g", r, got[1500]);
+    CHECK_MSG(std::isnan(got[1200]), "rank %d: +Inf - Inf came out as %g", r, got[1200]);
+    // Within the exchange's bound twice over (the ring's one hop at 3 ranks adds less than that).
     for (size_t i = 0; i < count; ++i) {
-      if (i == 10 || i == 700 || i == 1500 || i == 1999) continue;
+      if (i == 10 || i == 700 || i == 1200 || i == 1500 || i == 1999) continue;
       double exact = 0;
       for (int k = 0; k < world; ++k) exact += input(k, i);
       CHECK_MSG(std::fabs(got[i] - exact / world) <= 2 * bound(world) / world, "rank %d i %zu: %g, want %g", r, i,
@@ -184,6 +193,10 @@ TEST(nan_and_inf_come_out_as_themselves_and_do_not_stick_in_the_residual) {
       CHECK_MSG(std::isfinite(residuals[r][i]), "rank %d i %zu: residual %g", r, i, residuals[r][i]);
     }
   }
+}
+
+TEST(nan_and_inf_come_out_as_themselves_and_do_not_stick_in_the_residual) {
+  for (AlgoChoice algo : kBothAlgorithms) nan_and_inf_on(algo);
 }
 
 // What the torch binding does on a device (csrc/torch/int8_codec.cpp), with the engine's conversions: the values
@@ -201,7 +214,7 @@ static void allreduce_encoded(Communicator& comm, float* buf, size_t count, Redu
   int8_decode(buf, blocks.data(), count, 1);
 }
 
-TEST(encoded_values_give_the_same_bits_as_float32_ones_and_ranks_may_mix_them) {
+static void entries_agree_on(AlgoChoice algo) {
   const int world = 3, steps = 3;
   const size_t count = mccl_test::sized(40007, 9007);
   // Which ranks encode their values themselves: none, all, rank 1 only.
@@ -221,18 +234,24 @@ TEST(encoded_values_give_the_same_bits_as_float32_ones_and_ranks_may_mix_them) {
       std::lock_guard<std::mutex> lock(results[m].mu);
       results[m].of_rank[rank] = buf;
       residuals[m].of_rank[rank] = residual;
-    }, std::chrono::seconds(60), with_chunk(4096));
-    for (int r = 0; r < world; ++r) CHECK_MSG(errors[r].empty(), "mode %zu rank %d: %s", m, r, errors[r].c_str());
+    }, std::chrono::seconds(60), with_chunk(4096, algo));
+    for (int r = 0; r < world; ++r)
+      CHECK_MSG(errors[r].empty(), "%s mode %zu rank %d: %s", name_of(algo), m, r, errors[r].c_str());
   }
   for (size_t m = 0; m < modes.size(); ++m) {
     for (int r = 0; r < world; ++r) {
       CHECK_MSG(std::memcmp(results[m].of_rank[r].data(), results[0].of_rank[0].data(), count * sizeof(float)) == 0,
-                "mode %zu rank %d: the results differ from the float32 entry's", m, r);
+                "%s mode %zu rank %d: the results differ from the float32 entry's", name_of(algo), m, r);
       CHECK_MSG(std::memcmp(residuals[m].of_rank[r].data(), residuals[0].of_rank[r].data(), count * sizeof(float)) == 0,
-                "mode %zu rank %d: the residuals differ from the float32 entry's", m, r);
+                "%s mode %zu rank %d: the residuals differ from the float32 entry's", name_of(algo), m,
+                r);
     }
   }
   CHECK(results[0].of_rank[0][77] == std::numeric_limits<float>::infinity());
+}
+
+TEST(encoded_values_give_the_same_bits_as_float32_ones_and_ranks_may_mix_them) {
+  for (AlgoChoice algo : kBothAlgorithms) entries_agree_on(algo);
 }
 
 TEST(an_op_that_does_not_sum_is_an_error_naming_it) {

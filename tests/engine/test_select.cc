@@ -76,6 +76,30 @@ TEST(each_collective_has_its_own_threshold_and_forcing) {
   CHECK(latency_max_bytes(Config(), CollectiveKind::kAllreduce, 8) == 128 * KiB);
 }
 
+// The 8-bit allreduce's rows: the exchange at every size and world size until the stand-in measures the ring
+// faster somewhere (docs/int8.md); the threshold moves the switch to the ring, the forcing variable pins either.
+TEST(int8_allreduce_keeps_the_exchange_until_a_row_says_otherwise) {
+  Config c;
+  for (int world : {2, 8, 24, 64})
+    for (size_t bytes : {size_t(0), 4 * KiB, 64 * MiB, size_t(1) << 40})
+      CHECK_MSG(select_int8_algorithm(c, world, bytes) == AlgoChoice::kExchange, "world %d, %zu bytes", world, bytes);
+  c.int8_exchange_max_bytes = 4 * MiB;
+  CHECK(select_int8_algorithm(c, 8, 4 * MiB) == AlgoChoice::kExchange);
+  CHECK(select_int8_algorithm(c, 8, 4 * MiB + 1) == AlgoChoice::kRing);
+  c.int8_algo = AlgoChoice::kExchange;
+  CHECK(select_int8_algorithm(c, 8, 64 * MiB) == AlgoChoice::kExchange);
+  c.int8_algo = AlgoChoice::kRing;
+  CHECK(select_int8_algorithm(c, 2, 4) == AlgoChoice::kRing);
+  // The plain allreduce's settings do not move it.
+  Config d;
+  d.algo = AlgoChoice::kRing;
+  CHECK(select_int8_algorithm(d, 8, 64 * MiB) == AlgoChoice::kExchange);
+  const Config parsed = Config::from_env({{"MCCL_INT8_ALGO", "ring"}, {"MCCL_INT8_EXCHANGE_MAX_BYTES", "8M"}});
+  CHECK(parsed.int8_algo == AlgoChoice::kRing && parsed.int8_exchange_max_bytes == 8 * MiB);
+  const std::string e = error_of({{"MCCL_INT8_ALGO", "rd"}});
+  CHECK_MSG(contains(e, "MCCL_INT8_ALGO='rd' is not one of auto, exchange, ring"), "%s", e.c_str());
+}
+
 // What the handshake compares: 0 for the defaults (so the Hello of a default rank is as before), else a
 // digest that tells apart every setting.
 TEST(selection_digest_tells_settings_apart) {
@@ -86,6 +110,11 @@ TEST(selection_digest_tells_settings_apart) {
   c.reduce_scatter_rd_max_bytes = 4 * KiB;
   CHECK(selection_digest(a) != 0 && selection_digest(b) != 0 && selection_digest(c) != 0);
   CHECK(selection_digest(a) != selection_digest(b) && selection_digest(b) != selection_digest(c));
+  Config e, f;
+  e.int8_algo = AlgoChoice::kRing;
+  f.int8_exchange_max_bytes = 4 * KiB;
+  CHECK(selection_digest(e) != 0 && selection_digest(f) != 0 && selection_digest(e) != selection_digest(f));
+  CHECK(selection_digest(f) != selection_digest(b) && selection_digest(f) != selection_digest(c));
   Config d = b;
   CHECK(selection_digest(d) == selection_digest(b));
   d.rd_max_bytes = 1;  // allreduce's variables travel as themselves

@@ -69,17 +69,21 @@ CUDA = pytest.mark.skipif(not _cuda(), reason="no CUDA device (the GPU host runs
 CODECS = {"torch": "torch", "engine": "engine", "mixed": ("torch", "engine")}
 
 
-@pytest.mark.parametrize("device,world", [("cpu", 2), ("cpu", 4), pytest.param("cuda", 3, marks=CUDA)])
-def test_hook_averages_gradients_within_the_8_bit_bound_whichever_codec(device, world):
-    results = run_ranks(_ddp_worker, world, args=(device, CODECS), timeout=120)
+@pytest.mark.parametrize("device,world,algo", [("cpu", 2, "exchange"), ("cpu", 4, "exchange"), ("cpu", 4, "ring"),
+                                              pytest.param("cuda", 3, "exchange", marks=CUDA),
+                                              pytest.param("cuda", 3, "ring", marks=CUDA)])
+def test_hook_averages_gradients_within_the_8_bit_bound_whichever_codec(device, world, algo):
+    results = run_ranks(_ddp_worker, world, args=(device, CODECS), timeout=120, env={"MCCL_INT8_ALGO": algo})
     local = [r["local"] for r in results]
     exact = sum(local) / world
     for name in CODECS:
         for r in range(world):
             assert np.array_equal(results[r][name], results[0]["torch"]), f"rank {r}'s {name} gradients differ"
     # Two steps of the same gradients: the second adds the first's residuals (each within the 8-bit bound: each
-    # rank's values encoded once, error <= their largest magnitude / 252, the sum once more at its owner).
-    bound = 2 * 2 * sum(np.abs(g).max() for g in local) / 252 / world * 1.01
+    # rank's values encoded once, error <= their largest magnitude / 252, the sum once more at its owner, and in
+    # the ring each of the world - 2 partial sums on the way, none larger than the magnitudes summed).
+    encodings = 2 if algo == "exchange" else world
+    bound = 2 * encodings * sum(np.abs(g).max() for g in local) / 252 / world * 1.01
     error = np.abs(results[0]["torch"] - exact)
     assert error.max() <= bound, f"largest error {error.max():.3g} above the bound {bound:.3g}"
     assert error.max() > 1e-6 * np.abs(exact).max(), "the gradients look exact: were they compressed?"

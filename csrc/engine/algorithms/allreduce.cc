@@ -13,7 +13,7 @@ constexpr uint32_t kUnfoldStep = 0xFFFF;  // header step of the unfold message, 
 
 // Recursive doubling sends the whole buffer log2(n) times but takes only log2(n) steps; the ring sends
 // 2(n-1)/n of it in 2(n-1) steps. select.cc holds where one overtakes the other. (The 8-bit allreduce has its
-// own algorithm, reduce_once.cc.)
+// own algorithms, int8_allreduce.cc.)
 void allreduce(Collective& c, void* buf, size_t count) {
   const size_t bytes = count * dtype_size(c.dtype());
   switch (select_algorithm(c.config(), CollectiveKind::kAllreduce, c.size(), bytes, count)) {

@@ -1,5 +1,5 @@
-// The 8-bit allreduce (docs/int8.md): a direct exchange of encoded values, each segment reduced once, at its
-// owner.
+// The 8-bit allreduce's exchange (docs/int8.md): encoded values sent straight to their owner, each segment
+// reduced once, there.
 //
 // Its buffer holds this rank's values encoded (int8_blocks.h), its contribution, and ends holding the encoded
 // result. The blocks are split into n segments (int8_segment: whole blocks), rank k owning segment k, and every
@@ -9,9 +9,10 @@
 // depend on arrival times), divides for AVG, encodes the sum once, into its buffer, and sends that straight to
 // every other rank, which receives it into its buffer as it is. So every value is encoded once by each
 // contributor and once by its owner, whatever n: the error of the 8-bit format does not grow with the number of
-// hops, as it does in a ring, where each partial sum is encoded again at every hop. Each rank sends (n-1)/n of
-// the buffer twice, as in the ring. The finished piece lands where this rank's contribution to it was sent from:
-// the owner finishes it only once that contribution has arrived whole, so the send has left that memory.
+// hops, as it does in the ring (int8_ring.cc), where each partial sum is encoded again at every hop. Each rank
+// sends (n-1)/n of the buffer twice, as in the ring, but to all n-1 peers at once. The finished piece lands where
+// this rank's contribution to it was sent from: the owner finishes it only once that contribution has arrived
+// whole, so the send has left that memory.
 //
 // Pieces pipeline in rounds. Round p: a rank sends its contributions to piece p of every segment, to peers
 // r+1, r+2, ... (so that ranks send to different peers at any moment), and finishes piece p of its own
@@ -20,13 +21,8 @@
 // contributions, then, round by round, the contributions of round p + kRoundsAhead and the finished piece p.
 // Receives are posted in that same order (frames from one peer match receives in posting order), `window`
 // rounds ahead, as many as MCCL_RING_LOOKAHEAD_BYTES holds.
-//
-// Float32 values (a CPU tensor's) take the same exchange: encoded whole first, with their error feedback, and
-// decoded whole at the end, so the bytes on the wire and the results do not depend on which ranks encoded on a
-// device (csrc/torch/int8_codec.cpp) and which here.
 #include <algorithm>
 
-#include "../int8_blocks.h"
 #include "algorithms.h"
 
 namespace mccl {
@@ -34,20 +30,14 @@ namespace {
 
 constexpr size_t kRoundsAhead = 2;  // rounds of contributions sent before the first own piece is finished
 constexpr uint32_t kContribution = 0, kFinished = 1;  // header steps of the two kinds of frames
-constexpr size_t kFloat = sizeof(float);
 
 class ReduceOnce {
  public:
-  ReduceOnce(Collective& c, char* blocks, size_t count, float* owned_error)
-      : c_(c), n_(c.size()), r_(c.rank()), blocks_(blocks), owned_error_(owned_error), pieces_{c.piece_bytes()} {
-    for (int k = 0; k < n_; ++k) {
-      const ValueRange range = int8_segment(count, k, n_);
-      segs_.push_back(Segment{nullptr, range.count * kFloat, range.first * kFloat});  // float32 bytes, no data
-    }
-    own_ = segs_[r_];
-    contributions_.resize(pieces_.count(own_));
-    for (const Segment& seg : segs_) rounds_ = std::max(rounds_, pieces_.count(seg));
-    const size_t round_bytes = pieces_.piece * static_cast<size_t>(n_ - 1) * 2;
+  ReduceOnce(Collective& c, const EncodedSegments& at, float* owned_error)
+      : c_(c), n_(c.size()), r_(c.rank()), at_(at), owned_error_(owned_error) {
+    contributions_.resize(at_.pieces_of(r_));
+    for (int k = 0; k < n_; ++k) rounds_ = std::max(rounds_, at_.pieces_of(k));
+    const size_t round_bytes = at_.pieces.piece * static_cast<size_t>(n_ - 1) * 2;
     window_ = std::max<size_t>(1, c.config().ring_lookahead_bytes / std::max<size_t>(round_bytes, 1));
   }
 
@@ -58,7 +48,7 @@ class ReduceOnce {
     for (size_t p = 0; p < rounds_; ++p) {
       if (p + window_ < rounds_) expect_round(p + window_);
       contribute(p + kRoundsAhead);
-      if (p < pieces_.count(own_)) finish(p);
+      if (p < at_.pieces_of(r_)) finish(p);
     }
     c_.wait_all(finished_elsewhere_);
     c_.wait_all(sends_);
@@ -66,19 +56,13 @@ class ReduceOnce {
 
  private:
   int peer(int i) const { return (r_ + i) % n_; }  // i = 1 .. n-1
-  // The wire form of piece p of `seg`: where it starts in the buffer, its values, its logical byte offset.
-  char* encoded(const Segment& seg, size_t p) const {
-    return blocks_ + int8_wire_bytes((seg.offset + pieces_.begin(seg, p)) / kFloat);
-  }
-  size_t values(const Segment& seg, size_t p) const { return pieces_.length(seg, p) / kFloat; }
-  uint64_t offset(const Segment& seg, size_t p) const { return seg.offset + pieces_.begin(seg, p); }
 
   // This rank's contributions to piece p of every other segment.
   void contribute(size_t p) {
     for (int i = 1; i < n_; ++i) {
-      const Segment& seg = segs_[peer(i)];
-      if (p >= pieces_.count(seg)) continue;
-      sends_.push_back(c_.send_encoded(peer(i), encoded(seg, p), values(seg, p), offset(seg, p), kContribution));
+      const int k = peer(i);
+      if (p >= at_.pieces_of(k)) continue;
+      sends_.push_back(c_.send_encoded(k, at_.contribution(k, p), at_.values(k, p), at_.offset(k, p), kContribution));
     }
   }
 
@@ -87,44 +71,41 @@ class ReduceOnce {
   void expect_round(size_t p) {
     expect_contributions(p + kRoundsAhead);
     for (int i = 1; i < n_; ++i) {
-      const Segment& seg = segs_[peer(i)];
-      if (p >= pieces_.count(seg)) continue;
+      const int k = peer(i);
+      if (p >= at_.pieces_of(k)) continue;
       finished_elsewhere_.push_back(
-          c_.recv_encoded(peer(i), encoded(seg, p), values(seg, p), offset(seg, p), kFinished));
+          c_.recv_encoded(k, at_.encoded(k, p), at_.values(k, p), at_.offset(k, p), kFinished));
     }
   }
 
   void expect_contributions(size_t p) {
-    if (p >= pieces_.count(own_)) return;
+    if (p >= at_.pieces_of(r_)) return;
     for (int i = 1; i < n_; ++i)
-      contributions_[p].push_back(c_.recv_to_reduce(peer(i), pieces_.length(own_, p), offset(own_, p), kContribution));
+      contributions_[p].push_back(c_.recv_to_reduce(peer(i), at_.bytes(r_, p), at_.offset(r_, p), kContribution));
   }
 
   // Piece p of this rank's own segment: its own values, then every contribution added in peer order, the last
   // one finishing it into the buffer.
   void finish(size_t p) {
-    const size_t len = pieces_.length(own_, p);
+    const size_t len = at_.bytes(r_, p);
     float* sum = reinterpret_cast<float*>(c_.scratch(1, len));
-    c_.decode(sum, encoded(own_, p), len / kFloat);
+    c_.decode(sum, at_.contribution(r_, p), at_.values(r_, p));
     std::vector<RequestPtr>& received = contributions_[p];
     for (size_t k = 0; k + 1 < received.size(); ++k) {
       c_.wait(received[k]);
       c_.reduce_received(sum, received[k], len);
     }
     std::vector<Onward> everyone;
-    for (int i = 1; i < n_; ++i) everyone.push_back({peer(i), offset(own_, p), kFinished});
-    float* error = owned_error_ ? owned_error_ + pieces_.begin(own_, p) / kFloat : nullptr;
+    for (int i = 1; i < n_; ++i) everyone.push_back({peer(i), at_.offset(r_, p), kFinished});
+    float* error = owned_error_ ? owned_error_ + at_.first_in_segment(r_, p) : nullptr;
     c_.wait(received.back());
-    c_.reduce_final_into(sum, received.back(), len, encoded(own_, p), error, everyone, &sends_);
+    c_.reduce_final_into(sum, received.back(), len, at_.encoded(r_, p), error, everyone, &sends_);
   }
 
   Collective& c_;
   const int n_, r_;
-  char* const blocks_;
+  const EncodedSegments& at_;
   float* const owned_error_;
-  const Pieces pieces_;
-  std::vector<Segment> segs_;  // float32 byte ranges of the values; the data is in blocks_
-  Segment own_;
   size_t rounds_ = 0;  // pieces in the longest segment
   size_t window_ = 1;  // rounds of receives posted ahead
   std::vector<std::vector<RequestPtr>> contributions_;  // per own piece, one per peer in peer order
@@ -133,17 +114,8 @@ class ReduceOnce {
 
 }  // namespace
 
-void allreduce_int8_blocks(Collective& c, char* blocks, size_t count, float* owned_error) {
-  if (c.size() > 1) ReduceOnce(c, blocks, count, owned_error).run();
-}
-
-void allreduce_int8_values(Collective& c, float* buf, size_t count, float* residual) {
-  if (c.size() == 1) return;  // nothing travels: the values stay exact
-  char* blocks = c.scratch(0, int8_wire_bytes(count));
-  c.encode(blocks, buf, count, residual);
-  const ValueRange own = int8_segment(count, c.rank(), c.size());
-  allreduce_int8_blocks(c, blocks, count, residual ? residual + own.first : nullptr);
-  c.decode(buf, blocks, count);
+void allreduce_int8_exchange(Collective& c, const EncodedSegments& at, float* owned_error) {
+  ReduceOnce(c, at, owned_error).run();
 }
 
 }  // namespace mccl

@@ -3,6 +3,7 @@
 #include "select.h"
 
 #include <climits>
+#include <cstdint>
 
 namespace mccl {
 namespace {
@@ -20,7 +21,7 @@ struct Entry {
 };
 
 constexpr AlgoChoice kRd = AlgoChoice::kRecursiveDoubling, kRing = AlgoChoice::kRing, kTree = AlgoChoice::kTree,
-                     kBruck = AlgoChoice::kBruck;
+                     kBruck = AlgoChoice::kBruck, kExchange = AlgoChoice::kExchange;
 
 // Two sweeps, both loopback on the GPU host, float32, with every latency-optimal algorithm forced against
 // every ring, set the entries: A, several cores per rank (4 ranks x 4 cores, 8 ranks x 2 cores, the user's
@@ -44,11 +45,21 @@ constexpr Entry kTable[] = {
     {CollectiveKind::kReduceScatter, INT_MAX, 8 * KiB, kRd, kRing, "A W8"},
 };
 
-const Entry* entry_for(CollectiveKind kind, int world) {
-  for (const Entry& e : kTable)
+// The 8-bit allreduce's rows (kind: the collective it is), keyed by the float32 buffer's size: the exchange up
+// to max_bytes, the ring above. Its error grows with the ring's hops (docs/int8.md, *The error bound*), so a row
+// should move to the ring only where the stand-in measures it faster (`run.sh int8algo`, docs/int8.md).
+constexpr Entry kInt8Table[] = {
+    {CollectiveKind::kAllreduce, INT_MAX, SIZE_MAX, kExchange, kRing, "not measured against the ring: the exchange"},
+};
+
+template <size_t N>
+const Entry* entry_in(const Entry (&table)[N], CollectiveKind kind, int world) {
+  for (const Entry& e : table)
     if (e.kind == kind && world <= e.max_world) return &e;
   return nullptr;
 }
+
+const Entry* entry_for(CollectiveKind kind, int world) { return entry_in(kTable, kind, world); }
 
 // The collective's forcing variable and threshold variable (config.h).
 AlgoChoice forced(const Config& c, CollectiveKind kind) {
@@ -79,7 +90,8 @@ uint32_t selection_digest(const Config& c) {
   const uint64_t values[] = {static_cast<uint64_t>(c.broadcast_algo),       c.broadcast_tree_max_bytes,
                              static_cast<uint64_t>(c.reduce_algo),          c.reduce_tree_max_bytes,
                              static_cast<uint64_t>(c.allgather_algo),       c.allgather_bruck_max_bytes,
-                             static_cast<uint64_t>(c.reduce_scatter_algo), c.reduce_scatter_rd_max_bytes};
+                             static_cast<uint64_t>(c.reduce_scatter_algo), c.reduce_scatter_rd_max_bytes,
+                             static_cast<uint64_t>(c.int8_algo),           c.int8_exchange_max_bytes};
   uint32_t hash = 2166136261u;  // FNV-1a over the values' bytes
   bool defaults = true;
   for (uint64_t v : values) {
@@ -105,6 +117,13 @@ AlgoChoice select_algorithm(const Config& config, CollectiveKind kind, int world
                          kind == CollectiveKind::kReduce;
   const bool small = bytes <= latency_max_bytes(config, kind, world) || (segmented && count < size_t(world));
   return small ? e->latency : e->bandwidth;
+}
+
+AlgoChoice select_int8_algorithm(const Config& config, int world, size_t bytes) {
+  if (config.int8_algo != AlgoChoice::kAuto) return config.int8_algo;
+  const Entry* e = entry_in(kInt8Table, CollectiveKind::kAllreduce, world);
+  const size_t up_to = config.int8_exchange_max_bytes ? config.int8_exchange_max_bytes : e->max_bytes;
+  return bytes <= up_to ? e->latency : e->bandwidth;
 }
 
 }  // namespace mccl

@@ -12,7 +12,11 @@
 //   reduce          MCCL_REDUCE_ALGO (auto, tree, ring)         MCCL_REDUCE_TREE_MAX_BYTES
 //   allgather       MCCL_ALLGATHER_ALGO (auto, ring, bruck)     MCCL_ALLGATHER_BRUCK_MAX_BYTES
 //   reduce_scatter  MCCL_REDUCE_SCATTER_ALGO (auto, ring, rd)   MCCL_REDUCE_SCATTER_RD_MAX_BYTES
+//   8-bit allreduce MCCL_INT8_ALGO (auto, exchange, ring)       MCCL_INT8_EXCHANGE_MAX_BYTES
 //
+// The 8-bit allreduce (docs/int8.md) has its own rows: the reduce-once exchange (two rounds, every rank sending
+// to every other at once) up to the threshold, the ring (2(n-1) steps, one flow in and one out) above; both send
+// the same bytes.
 // Sizes are counted as nccl-tests (and benchmarks/allreduce.py) count them: the buffer for allreduce,
 // broadcast and reduce, the gathered output for allgather, the input for reduce-scatter.
 #pragma once
@@ -29,8 +33,11 @@ namespace mccl {
 // reduce_scatter have a choice; the other kinds get kRing (unused).
 AlgoChoice select_algorithm(const Config& config, CollectiveKind kind, int world, size_t bytes, size_t count);
 
-// A 32-bit digest of the forcing and threshold variables of broadcast, reduce, allgather and
-// reduce_scatter, compared when ranks connect (MCCL_ALGO and MCCL_RD_MAX_BYTES travel as themselves);
+// The 8-bit allreduce's algorithm (kExchange or kRing) on `world` ranks for a float32 buffer of `bytes`.
+AlgoChoice select_int8_algorithm(const Config& config, int world, size_t bytes);
+
+// A 32-bit digest of the forcing and threshold variables of broadcast, reduce, allgather, reduce_scatter
+// and the 8-bit allreduce, compared when ranks connect (MCCL_ALGO and MCCL_RD_MAX_BYTES travel as themselves);
 // 0 when all are at their defaults. Ranks that chose differently would post mismatched frames.
 uint32_t selection_digest(const Config& config);
 
