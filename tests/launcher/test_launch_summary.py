@@ -6,7 +6,7 @@ import sys
 
 from cli_runner import HERE, run_mccl
 
-from lightning_mccl.cli.fleet_summary import MARKER, SummaryTap
+from lightning_mccl.launcher.fleet_summary import MARKER, SummaryTap
 
 PROGRAM = str(HERE / "summary_program.py")
 

@@ -50,7 +50,7 @@ class PrefixedOutput:
 
 class OutputStage:
     """A stage of the launcher's output in front of another output (`output`): lines go on to it, and so do
-    the Supervisor's hooks (see `supervise`) this stage does not have itself."""
+    the Supervisor's hooks (see `supervisor`) this stage does not have itself."""
 
     def __init__(self, output):
         self._output = output

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Optional
 
-from ..lightning.straggler import SUMMARY_MARKER_ENV, summary_text
+from ..straggler import SUMMARY_MARKER_ENV, summary_text
 from .prefixed_output import OutputStage
 
 MARKER = "@mccl-summary"

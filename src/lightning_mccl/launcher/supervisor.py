@@ -1,4 +1,5 @@
-"""Process supervision shared by `mccl launch --local`, `mccl launch --hostfile` (over ssh) and `mccl doctor`.
+"""Process supervision shared by `mccl launch --local`, `mccl launch --hostfile` (over ssh), `mccl doctor` and
+the benchmarks (`supervise(plan)` runs a `LaunchPlan`).
 
 A `Supervisor` starts one local process per rank (the rank shim itself for ``--local``, an ``ssh`` client
 running the shim on the remote host otherwise: only the argv differs), and then, in one loop:
@@ -15,7 +16,7 @@ Ranks are controlled only through their stdin (see `rank_shim`): the launcher wr
 rank's local process runs in its own session, so a Ctrl-C typed in the terminal reaches only the launcher,
 which forwards it once, to every rank alike.
 
-`run` starts from scratch each time it is called: `mccl launch --max-restarts` calls it again (with a new
+`run` starts from scratch each time it is called: a job with restarts (`job`) calls it again (with a new
 set of ranks) after a failure. `_on_exit` sees every rank exit in the order they happen.
 """
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
 from .prefixed_output import PrefixedOutput
-from .rank_process import RankSpec, _Rank
+from .rank_process import RankSpec, RankProcess
 
 
 @dataclass(frozen=True)
@@ -89,11 +90,11 @@ class Supervisor:
     # -- the loop ------------------------------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        self._ranks = [_Rank(s) for s in self.specs]
+        self._ranks = [RankProcess(s) for s in self.specs]
         self._selector = selectors.DefaultSelector()
         self._signals: List[int] = []
         self._signal: Optional[int] = None
-        self._failure: Optional[_Rank] = None
+        self._failure: Optional[RankProcess] = None
         self._start_error: Optional[int] = None
         self._timed_out = False
         self._stop_reason: Optional[str] = None
@@ -134,7 +135,7 @@ class Supervisor:
 
     def _pump(self, timeout: float) -> None:
         for key, _ in self._selector.select(timeout):
-            r: _Rank = key.data
+            r: RankProcess = key.data
             try:
                 data = os.read(key.fd, 1 << 16)
             except OSError:
@@ -150,7 +151,7 @@ class Supervisor:
                 self._on_exit(r)
         self._flush()
 
-    def _close_output(self, r: _Rank) -> None:
+    def _close_output(self, r: RankProcess) -> None:
         if not r.reading:
             return
         for text in r.split(b"", final=True):
@@ -164,7 +165,7 @@ class Supervisor:
             if r.running and r.poll() is not None:
                 self._on_exit(r)
 
-    def _on_exit(self, r: _Rank) -> None:
+    def _on_exit(self, r: RankProcess) -> None:
         """Called once per rank exit, in the order the exits were seen."""
         r.close_control()
         code = r.code
@@ -284,6 +285,12 @@ class Supervisor:
         finally:
             for signum, handler in saved.items():
                 signal.signal(signum, handler)
+
+
+def supervise(plan, *, log: Optional[Callable[[str], None]] = None, **kwargs) -> Outcome:
+    """Runs every rank of `plan` (a `LaunchPlan`) under a Supervisor with the plan's grace and exit hints;
+    kwargs: output, fail_fast, timeout."""
+    return Supervisor(plan.rank_specs(), log=log, grace=plan.grace, explain_exit=plan.explain_exit, **kwargs).run()
 
 
 def _stderr_log(message: str) -> None:

@@ -13,7 +13,7 @@ with MCCL_DEBUG=INFO (or TRACE) in the launcher's environment nothing is.
 
 The `Supervisor` calls `begin_stop(failed)` when it forwards a signal (failed: None) or stops the others
 after the rank `failed` failed, and `rank_stopped(spec, code)` when a rank it had asked to stop exits (see
-`supervise`); every other call goes to the wrapped output.
+`supervisor`); every other call goes to the wrapped output.
 """
 from __future__ import annotations
 

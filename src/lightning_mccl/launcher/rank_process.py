@@ -1,6 +1,6 @@
 """One rank as the launcher sees it: its `RankSpec` (what to start, where, and what to write to its stdin)
-and `_Rank`, the started local process (the rank shim, or the ssh client running it), controlled through
-its stdin (see `rank_shim`), whose merged output is cut into lines. Used by `supervise`."""
+and `RankProcess`, the started local process (the rank shim, or the ssh client running it), controlled
+through its stdin (see `rank_shim`), whose merged output is cut into lines. Used by `supervisor`."""
 from __future__ import annotations
 
 import os
@@ -19,7 +19,7 @@ class RankSpec:
     (under the rank shim), that local process's environment (None: this process's) and the bytes written
     to its stdin first (the shim's spec: what must not be on a command line, see `rank_shim`). The environment
     and the spec hold the rank's variables, MCCL_AUTH_SECRET included: left out of the repr (and so of the
-    reprs of `supervise.RankExit` and `Outcome`, which hold a RankSpec)."""
+    reprs of `supervisor.RankExit` and `Outcome`, which hold a RankSpec)."""
 
     rank: int
     host: str
@@ -32,7 +32,7 @@ class RankSpec:
         return f"{self.host} r{self.rank}"
 
 
-class _Rank:
+class RankProcess:
     """A started (or not yet started) rank: its local process, control pipe and partial output line."""
 
     def __init__(self, spec: RankSpec):

@@ -87,9 +87,9 @@ def _signal_group(pgid, sig):
 
 
 def _gloo_interface(env):
-    """GLOO_SOCKET_IFNAME for a rank with environment `env` (lightning_mccl.cli.host_net), or None."""
+    """GLOO_SOCKET_IFNAME for a rank with environment `env` (lightning_mccl.launcher.host_net), or None."""
     try:
-        from lightning_mccl.cli.host_net import gloo_interface
+        from lightning_mccl.launcher.host_net import gloo_interface
     except ImportError:  # the rank's Python has no lightning-mccl (or an older one)
         return None
     return gloo_interface(env)

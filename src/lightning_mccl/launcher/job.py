@@ -1,0 +1,82 @@
+"""One `mccl launch` job: its attempts (``--max-restarts``), the output stages in front of the terminal,
+and the launcher's last word.
+
+`run_job(plan, log=...)` supervises every rank of `plan` (`supervisor`); when a rank fails and restarts
+are left, it stops the others, logs why (the failed rank's first error, `error_line`) and starts every rank
+again (`LaunchPlan.next_attempt`: restart + 1, a fresh port for ``--local`` unless one was given). A signal
+ends the job, also one that came while the ranks stopped after a failure. Its last log line says how the
+job ended, with the failed rank's first error or last line; `JobResult.summary` is rank 0's fit summary
+(`fleet_summary`), for the caller to print after that line.
+
+The output of an attempt, outermost first (`job_output`): every rank's last lines (`error_line.RankTails`),
+one line per stopped rank (`quiet_stop`), a line printed alike by several ranks once (`same_lines`), rank
+0's summary kept for the end (`fleet_summary`), prefixed lines on stdout; with MCCL_DEBUG=INFO every line as
+it came.
+"""
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, replace
+from typing import Callable, Optional, Tuple
+
+from .error_line import RankTails
+from .fleet_summary import SummaryTap, rank_env as summary_env
+from .launch_plan import LaunchPlan
+from .prefixed_output import PrefixedOutput
+from .quiet_stop import QuietStop, wants_everything
+from .same_lines import SameLines
+from .supervisor import Outcome, supervise
+
+
+@dataclass(frozen=True)
+class JobResult:
+    outcome: Outcome  # the last attempt's
+    plan: LaunchPlan  # the last attempt's (its restart count)
+    summary: Optional[str]  # rank 0's fit summary, or None
+
+
+def job_output(plan: LaunchPlan) -> Tuple[RankTails, SummaryTap]:
+    """The launcher's output for one attempt (see the module docstring). Returns (output, summary tap)."""
+    summary = SummaryTap(PrefixedOutput(plan.rank_specs()))
+    return RankTails(summary if wants_everything() else QuietStop(SameLines(summary))), summary
+
+
+def failure_line(outcome: Outcome, output: RankTails) -> str:
+    """"; its first error: ..." for the failed rank of `outcome` (`error_line`); else, when it exited by itself
+    (code 1-127, not killed by a signal), "; its last line: ..."; else ""."""
+    rank, code = outcome.failed.spec.rank, outcome.failed.returncode
+    error = output.first_error(rank)
+    if error:
+        return f"; its first error: {error}"
+    last = output.last_line(rank) if code is not None and 0 < code < 128 else None
+    return f"; its last line: {last}" if last else ""
+
+
+def run_job(plan: LaunchPlan, *, log: Callable[[str], None], fresh_port: bool = False) -> JobResult:
+    """Runs `plan` to its end, restarting every rank after a failure up to plan.max_restarts times (on a new
+    free port when `fresh_port`); `log` gets the launcher's own lines. Every rank also gets the variable that
+    makes rank 0 report its fit summary to the launcher (`fleet_summary`)."""
+    plan = replace(plan, env={**summary_env(), **plan.env})
+    while True:
+        output, summary = job_output(plan)
+        outcome = supervise(plan, log=log, output=output)
+        if outcome.reason != "failed" or outcome.signal is not None or plan.restart >= plan.max_restarts:
+            break  # a signal ends the job, also one that came while the ranks stopped after a failure
+        f = outcome.failed
+        plan = plan.next_attempt(fresh_port)
+        log(f"rank {f.spec.rank} on {f.spec.host} failed with exit code {f.returncode}: restarting all "
+            f"{plan.world_size} ranks (restart {plan.restart} of {plan.max_restarts}, master port {plan.master_port})"
+            f"{failure_line(outcome, output)}")
+    if outcome.reason == "ok":
+        log(f"all {plan.world_size} ranks finished" + (f" (after {plan.restart} restart{'s' if plan.restart > 1 else ''})"
+                                                       if plan.restart else ""))
+    elif outcome.reason == "failed":
+        f = outcome.failed
+        tail = f" (no restarts left after {plan.restart})" if plan.max_restarts else ""
+        if outcome.signal is not None and plan.restart < plan.max_restarts:
+            tail = f" (not restarted: the launcher got {signal.Signals(outcome.signal).name})"
+        log(f"failed: rank {f.spec.rank} on {f.spec.host} exited with code {f.returncode}{tail}"
+            f"{failure_line(outcome, output)}")
+    else:
+        log(f"stopped ({outcome.reason}); exit code {outcome.returncode}")
+    return JobResult(outcome, plan, summary.text())
