@@ -253,7 +253,7 @@ def test_options_reach_the_process_group(no_launch_env):
     is made: a count with a byte suffix is refused there, naming the variable. The wire type stays compress='s."""
     from lightning.fabric.plugins.environments import LightningEnvironment
 
-    from launch_env import free_port
+    from lightning_mccl.launcher import free_port
     from lightning_mccl import Options
     from lightning_mccl.lightning import MCCLStrategy
 
@@ -277,7 +277,7 @@ def test_wire_type_travels_in_the_groups_options_not_the_environment(no_launch_e
     ValueError naming the group's setting; after destroy_process_group() the next group reads its own."""
     from lightning.fabric.plugins.environments import LightningEnvironment
 
-    from launch_env import free_port
+    from lightning_mccl.launcher import free_port
     from lightning_mccl import _backend
     from lightning_mccl.lightning import MCCLStrategy
 
@@ -416,7 +416,7 @@ def test_diloco_trainer_settings_that_do_not_fit_are_named_at_setup(no_launch_en
     import lightning as L
 
     from fit_script import TinyModel
-    from launch_env import free_port
+    from lightning_mccl.launcher import free_port
     from lightning_mccl.lightning import MCCLStrategy
 
     class TwoOptimizers(TinyModel):

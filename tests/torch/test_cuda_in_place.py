@@ -20,7 +20,7 @@ import time
 import pytest
 import torch
 
-from harness import run_ranks
+from lightning_mccl.testing import run_ranks
 from test_cuda_no_stall import cycles_per_s
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
