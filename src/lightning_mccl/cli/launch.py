@@ -17,7 +17,8 @@ Every rank also gets TORCHELASTIC_RUN_ID (one id per job), torchrun's marker, so
 variables through its TorchElasticEnvironment: a ``Trainer(num_nodes=..., devices=...)`` whose product is not
 WORLD_SIZE fails at once on every rank, as under torchrun; MCCL_HOSTS (the host names, in node order: the
 rendezvous names the hosts of missing ranks with it); and MCCL_CAFFEINATE (``--caffeinate``: on a macOS host
-the rank shim runs ``caffeinate -dims -w PID`` for the rank, so the Mac does not sleep during the job).
+the rank shim runs ``caffeinate -ims -w PID`` for the rank, so the Mac does not sleep during the job; the
+display may, which keeps macOS 26's GPU watchdog away).
 ``--port-range LOW-HIGH`` sets MCCL_PORT_RANGE: the engine's listeners bind only those ports.
 
 What every rank also gets: the launcher's MCCL_* variables (engine tuning such as MCCL_DEBUG; per-host
@@ -86,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="when a rank fails, stop all ranks and start them all again, up to N times "
                              "(default: 0); ranks see MCCL_RESTART_COUNT")
     parser.add_argument("--caffeinate", action=argparse.BooleanOptionalAction, default=None,
-                        help="keep each host awake while its ranks run (`caffeinate -dims`); default: on for "
+                        help="keep each host awake while its ranks run (`caffeinate -ims`); default: on for "
                              "macOS hosts, off elsewhere")
     parser.add_argument("--port-range", metavar="LOW-HIGH", type=port_range,
                         help="the only ports ranks listen on while connecting (sets MCCL_PORT_RANGE; "
