@@ -59,7 +59,8 @@ from typing import Optional, Sequence
 
 from ..hostfile import HostfileError
 from ..launcher import LaunchError, parse_env, resolve_command, run_job, warn_secret_values
-from .arg_types import non_negative_int, port_range, positive_int
+from ..launcher.progress import PROGRESS_EVERY_S
+from .arg_types import non_negative_int, port_range, positive_int, seconds
 from .console import make_log, stderr_console
 from .fleet_args import add_fleet_arguments, plan_from_args
 
@@ -71,7 +72,8 @@ host's ifname; TORCHELASTIC_RUN_ID (Lightning then checks num_nodes x devices ag
 --local N: N ranks on this machine as one node (LOCAL_RANK 0..N-1, as torchrun --nproc-per-node N), for
 Trainer(devices=N); --local N --nproc-per-node P: N nodes of P ranks each, for Trainer(num_nodes=N, devices=P).
 
-output: every line of every rank, prefixed [host rN], on stdout; the launcher's messages on stderr.
+output: every line of every rank, prefixed [host rN], on stdout; the launcher's messages on stderr. Rank 0's
+progress bar is drawn in place on a terminal, and is a line every --progress-every seconds in a log.
 exit code: the first failing rank's (the others are stopped at once), 130 after Ctrl-C, 0 when all succeed.
 --max-restarts N: after a failure, all ranks start again (up to N times; MCCL_RESTART_COUNT says which
 attempt); the exit code is then the last attempt's.
@@ -89,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--caffeinate", action=argparse.BooleanOptionalAction, default=None,
                         help="keep each host awake while its ranks run (`caffeinate -ims`); default: on for "
                              "macOS hosts, off elsewhere")
+    parser.add_argument("--progress-every", metavar="S", type=seconds, default=PROGRESS_EVERY_S,
+                        help="when stdout is not a terminal (a log): rank 0's progress bar as a line at most every S "
+                             "seconds (default: %(default)g; on a terminal it is drawn in place)")
     parser.add_argument("--port-range", metavar="LOW-HIGH", type=port_range,
                         help="the only ports ranks listen on while connecting (sets MCCL_PORT_RANGE; "
                              "e.g. 29600-29700), so a firewall can allow them; default: any free port")
@@ -121,7 +126,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     log(f"launching {plan.describe()}: {shlex.join(plan.command)}")
     if replaced:
         log(f"`python` runs as {plan.python} (see --python)")
-    result = run_job(plan, log=log, fresh_port=args.local is not None and args.master_port is None)
+    result = run_job(plan, log=log, fresh_port=args.local is not None and args.master_port is None,
+                     progress_every=args.progress_every)
     if result.summary:
         print(result.summary, flush=True)
     return result.outcome.returncode

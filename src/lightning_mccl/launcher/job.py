@@ -10,22 +10,25 @@ job ended, with the failed rank's first error or last line; `JobResult.summary` 
 
 The output of an attempt, outermost first (`job_output`): every rank's last lines (`error_line.RankTails`),
 one line per stopped rank (`quiet_stop`), a line printed alike by several ranks once (`same_lines`), rank
-0's summary kept for the end (`fleet_summary`), prefixed lines on stdout; with MCCL_DEBUG=INFO every line as
-it came.
+0's summary kept for the end (`fleet_summary`), progress bars live or now and then (`progress`), prefixed
+lines on stdout; with MCCL_DEBUG=INFO every line as it came.
 """
 from __future__ import annotations
 
 import signal
+import sys
 from dataclasses import dataclass, replace
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
 from .error_line import RankTails
 from .fleet_summary import SummaryTap, rank_env as summary_env
 from .launch_plan import LaunchPlan
-from .prefixed_output import PrefixedOutput
+from .prefixed_output import PrefixedOutput, prefix_width
+from .progress import PROGRESS_EVERY_S, ProgressLines, rank_env as progress_env
 from .quiet_stop import QuietStop, wants_everything
 from .same_lines import SameLines
 from .supervisor import Outcome, supervise
+from .terminal import columns
 
 
 @dataclass(frozen=True)
@@ -35,10 +38,18 @@ class JobResult:
     summary: Optional[str]  # rank 0's fit summary, or None
 
 
-def job_output(plan: LaunchPlan) -> Tuple[RankTails, SummaryTap]:
-    """The launcher's output for one attempt (see the module docstring). Returns (output, summary tap)."""
-    summary = SummaryTap(PrefixedOutput(plan.rank_specs()))
-    return RankTails(summary if wants_everything() else QuietStop(SameLines(summary))), summary
+@dataclass(frozen=True)
+class JobOutput:
+    stages: RankTails  # the outermost stage: what the Supervisor writes to
+    summary: SummaryTap
+    terminal: PrefixedOutput  # the innermost: clear_live() before a message of the launcher's own
+
+
+def job_output(plan: LaunchPlan, progress_every: float = PROGRESS_EVERY_S) -> JobOutput:
+    """The launcher's output for one attempt (see the module docstring)."""
+    terminal = PrefixedOutput(plan.rank_specs())
+    summary = SummaryTap(ProgressLines(terminal, progress_every))
+    return JobOutput(RankTails(summary if wants_everything() else QuietStop(SameLines(summary))), summary, terminal)
 
 
 def failure_line(outcome: Outcome, output: RankTails) -> str:
@@ -52,13 +63,19 @@ def failure_line(outcome: Outcome, output: RankTails) -> str:
     return f"; its last line: {last}" if last else ""
 
 
-def run_job(plan: LaunchPlan, *, log: Callable[[str], None], fresh_port: bool = False) -> JobResult:
+def run_job(plan: LaunchPlan, *, log: Callable[[str], None], fresh_port: bool = False,
+            progress_every: float = PROGRESS_EVERY_S) -> JobResult:
     """Runs `plan` to its end, restarting every rank after a failure up to plan.max_restarts times (on a new
-    free port when `fresh_port`); `log` gets the launcher's own lines. Every rank also gets the variable that
-    makes rank 0 report its fit summary to the launcher (`fleet_summary`)."""
-    plan = replace(plan, env={**summary_env(), **plan.env})
+    free port when `fresh_port`); `log` gets the launcher's own lines. Every rank also gets the variables
+    that make rank 0 report its fit summary to the launcher (`fleet_summary`) and its progress bar redraw
+    on the launcher's pipe (`progress`, shown live or every `progress_every` seconds)."""
+    width = columns(sys.stdout) - prefix_width(plan.rank_specs())
+    plan = replace(plan, env={**summary_env(), **progress_env(width), **plan.env})
+    launcher_log = log
     while True:
-        output, summary = job_output(plan)
+        job = job_output(plan, progress_every)
+        output, summary = job.stages, job.summary
+        log = _clearing(launcher_log, job.terminal)
         outcome = supervise(plan, log=log, output=output)
         if outcome.reason != "failed" or outcome.signal is not None or plan.restart >= plan.max_restarts:
             break  # a signal ends the job, also one that came while the ranks stopped after a failure
@@ -80,3 +97,12 @@ def run_job(plan: LaunchPlan, *, log: Callable[[str], None], fresh_port: bool = 
     else:
         log(f"stopped ({outcome.reason}); exit code {outcome.returncode}")
     return JobResult(outcome, plan, summary.text())
+
+
+def _clearing(log: Callable[[str], None], terminal: PrefixedOutput) -> Callable[[str], None]:
+    """`log`, after erasing the live progress line (the message goes to the same terminal, on stderr)."""
+    def say(message: str) -> None:
+        terminal.clear_live()
+        log(message)
+
+    return say

@@ -53,6 +53,11 @@ class QuietStop(OutputStage):
         if self._failed is not None:
             self._tails.setdefault(spec.rank, deque(maxlen=TAIL_LINES)).append(text)
 
+    def update(self, spec, text: str) -> None:
+        """A progress bar's redraw (`progress`): dropped, like a line, once the stop began."""
+        if not self._quiet or (self._failed is not None and spec.rank == self._failed.rank):
+            self.forward("update", spec, text)
+
     def rank_stopped(self, spec, code: Optional[int]) -> None:
         if not self._quiet:
             return

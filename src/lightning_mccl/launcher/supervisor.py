@@ -5,7 +5,8 @@ A `Supervisor` starts one local process per rank (the rank shim itself for ``--l
 running the shim on the remote host otherwise: only the argv differs), and then, in one loop:
 
 - streams each rank's output (stdout and stderr merged, in order) line by line, prefixed with
-  ``[host rN]``, to this process's stdout;
+  ``[host rN]``, to this process's stdout, and a progress bar's redraws (pieces ended by a carriage return)
+  to the output's `update` (see `progress`);
 - notices the first rank that exits with a non-zero code and stops all the others (``fail_fast``);
 - on SIGINT / SIGTERM / SIGHUP sends INT (for SIGINT) or TERM to every rank; a second signal kills them;
 - escalates to KILL when ranks are still running ``grace`` seconds after being asked to stop;
@@ -141,8 +142,7 @@ class Supervisor:
             except OSError:
                 data = b""
             if data:
-                for text in r.split(data):
-                    self.output.line(r.spec, text)
+                self._emit(r, r.split_marked(data))
                 continue
             self._close_output(r)
             # End of output: the rank's local process is exiting. Collecting it here, in the order the
@@ -151,11 +151,29 @@ class Supervisor:
                 self._on_exit(r)
         self._flush()
 
+    def _emit(self, r: RankProcess, pieces) -> None:
+        """A rank's lines to output.line; its redraws (progress bars) to output.update when the output has
+        one (else they are lines), the one still being written included, each new state once."""
+        update = getattr(self.output, "update", None)
+        for text, redraw in pieces:
+            if redraw and update is not None:
+                if text != r.last_update:
+                    update(r.spec, text)
+                r.last_update = text
+            else:
+                if r.last_update and text.startswith(r.last_update) and text != r.last_update:
+                    text = text[len(r.last_update):]  # a redraw being written, then someone else's write
+                self.output.line(r.spec, text)
+                r.last_update = None
+        tail = r.pending_redraw() if update is not None else None
+        if tail is not None and tail != r.last_update:
+            update(r.spec, tail)
+            r.last_update = tail
+
     def _close_output(self, r: RankProcess) -> None:
         if not r.reading:
             return
-        for text in r.split(b"", final=True):
-            self.output.line(r.spec, text)
+        self._emit(r, r.split_marked(b"", final=True))
         self._selector.unregister(r.proc.stdout)
         r.proc.stdout.close()
         r.reading = False
