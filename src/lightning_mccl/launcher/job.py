@@ -9,7 +9,8 @@ job ended, with the failed rank's first error or last line; `JobResult.summary` 
 (`fleet_summary`), for the caller to print after that line.
 
 The output of an attempt, outermost first (`job_output`): every rank's last lines (`error_line.RankTails`),
-one line per stopped rank (`quiet_stop`), a line printed alike by several ranks once (`same_lines`), rank
+one line per stopped rank (`quiet_stop`), one line for a traceback that only says a peer went away
+(`peer_loss`), a line printed alike by several ranks once (`same_lines`), rank
 0's summary kept for the end (`fleet_summary`), progress bars live or now and then (`progress`), prefixed
 lines on stdout; with MCCL_DEBUG=INFO every line as it came.
 """
@@ -20,9 +21,10 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
-from .error_line import RankTails
+from .error_line import RankTails, is_peer_loss
 from .fleet_summary import SummaryTap, rank_env as summary_env
 from .launch_plan import LaunchPlan
+from .peer_loss import PeerLoss
 from .prefixed_output import PrefixedOutput, prefix_width
 from .progress import PROGRESS_EVERY_S, ProgressLines, rank_env as progress_env
 from .quiet_stop import QuietStop, wants_everything
@@ -49,16 +51,23 @@ def job_output(plan: LaunchPlan, progress_every: float = PROGRESS_EVERY_S) -> Jo
     """The launcher's output for one attempt (see the module docstring)."""
     terminal = PrefixedOutput(plan.rank_specs())
     summary = SummaryTap(ProgressLines(terminal, progress_every))
-    return JobOutput(RankTails(summary if wants_everything() else QuietStop(SameLines(summary))), summary, terminal)
+    stages = summary if wants_everything() else QuietStop(PeerLoss(SameLines(summary)))
+    return JobOutput(RankTails(stages), summary, terminal)
 
 
 def failure_line(outcome: Outcome, output: RankTails) -> str:
-    """"; its first error: ..." for the failed rank of `outcome` (`error_line`); else, when it exited by itself
-    (code 1-127, not killed by a signal), "; its last line: ..."; else ""."""
+    """"; its first error: ..." for the failed rank of `outcome` (`error_line`), and when that only says that
+    it lost a peer, "; the cause, rank N's first error: ..." of a rank whose error is another; else, when it
+    exited by itself (code 1-127, not killed by a signal), "; its last line: ..."; else ""."""
     rank, code = outcome.failed.spec.rank, outcome.failed.returncode
     error = output.first_error(rank)
     if error:
-        return f"; its first error: {error}"
+        cause = ""
+        if is_peer_loss(error):
+            others = ((r, output.first_error(r)) for r in output.ranks() if r != rank)
+            root = next(((r, e) for r, e in others if e and not is_peer_loss(e)), None)
+            cause = f"; the cause, rank {root[0]}'s first error: {root[1]}" if root else ""
+        return f"; its first error: {error}{cause}"
     last = output.last_line(rank) if code is not None and 0 < code < 128 else None
     return f"; its last line: {last}" if last else ""
 
