@@ -66,7 +66,8 @@ Errors:
   - Expected a <class 'str'>
   - MCCLStrategy(sync_every=0): expected the inner steps per round, an int >= 1
 Given value type: <class 'jsonargparse._namespace.Namespace'>
-Given value: Namespace(class_path='lightning_mccl.lightning.MCCLStrategy', init_args=Namespace(sync_every=0))""".splitlines()
+Given value: Namespace(class_path='lightning_mccl.lightning.MCCLStrategy', \
+init_args=Namespace(sync_every=0))""".splitlines()
 LOST_PEER = ("torch.distributed.DistBackendError: MCCL connection error: rank 1 lost its connection to rank 0 "
              "(127.0.0.1:40483) during allreduce #24 of 5 float32 (sum) (Connection closed by peer). That process "
              "probably exited or crashed: look at its log for the first error.")

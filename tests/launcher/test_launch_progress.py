@@ -27,7 +27,8 @@ from test_launch import write_hostfile
 
 PROGRAM = str(Path(__file__).resolve().parent / "lightning_rank.py")
 SWITCH_PROBLEM = privilege_problem()
-BAR = "\x1b[?25l\x1b[2KEpoch 0/1  \x1b[35m━━━━\x1b[0m\x1b[90m━━━━\x1b[0m 5/16 \x1b[2m0:00:01\x1b[0m \x1b[3mloss: 0.42\x1b[0m"
+BAR = ("\x1b[?25l\x1b[2KEpoch 0/1  \x1b[35m━━━━\x1b[0m\x1b[90m━━━━\x1b[0m 5/16 \x1b[2m0:00:01\x1b[0m "
+       "\x1b[3mloss: 0.42\x1b[0m")
 R0, R1 = RankSpec(0, "mac-0", ()), RankSpec(1, "mac-1", ())
 
 
@@ -75,7 +76,8 @@ def test_on_a_terminal_rank_0s_progress_is_one_line_redrawn_in_place_below_the_o
     prefix0 = "\r\x1b[36m[mac-0 r0]\x1b[0m "
     draws = [d for d in text.split(prefix0)[1:]]
     assert len(draws) == 3, repr(text)  # each redraw, and again below rank 1's line
-    assert draws[0].startswith("Epoch 0/1  \x1b[35m━━━━\x1b[0m") and "\x1b[?25l" not in text and "\x1b[2K" not in text
+    assert draws[0].startswith("Epoch 0/1  \x1b[35m━━━━\x1b[0m")
+    assert "\x1b[?25l" not in text and "\x1b[2K" not in text  # the rank's own cursor moves are not passed on
     assert "6/16" in draws[1] and draws[1].endswith("\x1b[0m\x1b[K\r\x1b[K\x1b[33m[mac-1 r1]\x1b[0m rank 1 says\n")
     assert text.endswith("\x1b[K\r\x1b[K")  # erased for a message of the launcher's own
     prefixed.update(R0, "Epoch 0/1 " + "x" * 500)

@@ -33,11 +33,13 @@ A command that starts with ``python``/``python3`` runs with ``--python`` (defaul
 interpreter), because a non-interactive ssh shell has no virtual environment activated.
 
 Supervision (the library `lightning_mccl.launcher`: `supervisor`, `job`): output prefixed ``[host rN]`` on
-stdout, a line that several ranks print alike shown once (`same_lines`); the first rank to fail stops all
-the others, each of which then shows one line, not its shutdown (`quiet_stop`), and its exit code is the
-launcher's, whose last line names that rank's first error line (`error_line`); Ctrl-C (SIGINT) is forwarded to every rank as SIGINT, anything
-still alive ``--grace`` seconds later is killed, and the launcher exits with 130. MCCL_DEBUG=INFO in the
-launcher's environment shows every line of every rank.
+stdout, a line that several ranks print alike shown once (`same_lines`), rank 0's progress bar live or now
+and then (`progress`); the first rank to fail stops all the others, each of which then shows one line, not
+its shutdown (`quiet_stop`; a rank that only lost its peer: one line, `peer_loss`), and its exit code is
+the launcher's, whose last line names that rank's first error line (`error_line`: the project's own
+message where there is one); Ctrl-C (SIGINT) is forwarded to every rank as SIGINT, anything still alive
+``--grace`` seconds later is killed, and the launcher exits with 130. MCCL_DEBUG=INFO in the launcher's
+environment shows every line of every rank.
 
 Restarts (``--max-restarts N``): when a rank fails, every rank is stopped as above and then all of them
 are started again, up to N times; the job resumes from its own checkpoints (e.g. Lightning's
