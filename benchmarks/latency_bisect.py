@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,12 +46,6 @@ def build(commit: str) -> str:
     subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree, check=True,
                    stdout=subprocess.DEVNULL)
     return os.path.join(tree, "src")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def idle_share(seconds: float = 2.0) -> float:
@@ -84,6 +77,8 @@ def wait_until_idle(share: float, limit_s: float = 3600.0) -> float:
 
 def measure(src: str, nproc: int, size: int, env: dict, timeout_s: float) -> dict:
     """Runs the ranks with lightning_mccl from `src`; rank 0's result: median, min, max per series, in us."""
+    from lightning_mccl.launcher import free_port  # this tree's (here, not in the ranks: theirs is `src`'s)
+
     port = free_port()
     procs = []
     with tempfile.NamedTemporaryFile("r", suffix=".json") as result:

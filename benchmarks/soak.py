@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from reliability.cluster import Cluster, context_started, now  # noqa: E402
+from lightning_mccl.testing import Cluster, context_started, now  # noqa: E402
 from reliability.growth import verdict  # noqa: E402
 from reliability.soak_ranks import soak  # noqa: E402
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .cluster import now
+from lightning_mccl.testing import now
 from .collectives import all_gather_single, run_op
 
 # Collectives a rank runs after returning from a mismatched call, to see whether it learns of the mismatch.

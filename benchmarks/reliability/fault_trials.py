@@ -21,7 +21,7 @@ import re
 import signal
 import tempfile
 
-from .cluster import Cluster, now
+from lightning_mccl.testing import Cluster, now
 from .fault_ranks import loop_until_error, mismatch_call
 
 # Allowed by the acceptance criterion beyond the process-group timeout.

@@ -15,7 +15,7 @@ import hashlib
 import torch
 import torch.distributed as dist
 
-from .cluster import now
+from lightning_mccl.testing import now
 from .collectives import run_op
 
 CHECK_OPS = ("allreduce", "allgather", "broadcast", "reduce_scatter", "alltoall")

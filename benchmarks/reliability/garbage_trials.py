@@ -18,7 +18,7 @@ import os
 import re
 import tempfile
 
-from .cluster import Cluster, find_mccl_key, now
+from lightning_mccl.testing import Cluster, find_mccl_key, now
 from .garbage import BASIC_KINDS, Flood, Target, tally
 from .garbage_ranks import train_gated
 

@@ -15,7 +15,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from .cluster import now
+from lightning_mccl.testing import now
 from .collectives import OPS, run_op
 
 

@@ -1,6 +1,7 @@
 """Where a benchmark's ranks run: N processes on this machine over loopback, or one per host of an emulated
-switch (`lightning_mccl.switch`), started and supervised by `mccl launch`'s machinery (a hard timeout; the
-first failing rank stops the others; every rank's output on stderr, prefixed ``[host rN]``).
+switch (`lightning_mccl.switch`), started and supervised by the launcher's library, `lightning_mccl.launcher`
+(a hard timeout; the first failing rank stops the others; every rank's output on stderr, prefixed
+``[host rN]``).
 
     with placement(nproc=4, hosts=4, rate="1gbit") as where:   # builds a throwaway switch, removes it after
         where.run([sys.executable, "worker.py"], env={...}, timeout=600)
@@ -17,9 +18,7 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, Iterator, Optional, Sequence
 
-from lightning_mccl.cli.launch import supervise
-from lightning_mccl.cli.launch_plan import local_plan, switch_plan
-from lightning_mccl.cli.prefixed_output import PrefixedOutput
+from lightning_mccl.launcher import PrefixedOutput, local_plan, supervise, switch_plan
 from lightning_mccl.switch import DEFAULT_CONGESTION, SwitchFleet, random_tag
 
 

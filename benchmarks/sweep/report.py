@@ -10,7 +10,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-from lightning_mccl.cli.console import Table, markdown_table, print_table  # noqa: F401 (this module's API)
+from lightning_mccl.tables import Table, markdown_table, print_table  # noqa: F401 (this module's API)
 
 
 def default_out_dir(name: str) -> str:

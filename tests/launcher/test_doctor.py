@@ -12,9 +12,9 @@ import time
 import pytest
 
 from cli_runner import MCCL, env_with_fake_ssh, killed_on_error, require_script, run_mccl
-from lightning_mccl.cli.launch_plan import free_port
-from lightning_mccl.cli.doctor import HostReport, check_hosts
-from lightning_mccl.cli.doctor_bench import pair_rounds
+from lightning_mccl.launcher import free_port
+from lightning_mccl.launcher.doctor_bench import pair_rounds
+from lightning_mccl.launcher.doctor_checks import HostReport, check_hosts
 
 
 def table_rows(stdout: str, title: str) -> list:
@@ -139,7 +139,7 @@ def test_the_measurements_rendezvous_ends_within_its_timeout_with_a_named_error(
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": "1", "WORLD_SIZE": "2",
            "MCCL_RENDEZVOUS_REPORT_S": "1"}
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "lightning_mccl.cli.doctor_bench", "--pg-timeout", "2"], env=env,
+    proc = subprocess.run([sys.executable, "-m", "lightning_mccl.launcher.doctor_bench", "--pg-timeout", "2"], env=env,
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert time.monotonic() - start < 30  # torch's import, then 2 s

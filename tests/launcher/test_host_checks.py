@@ -4,9 +4,8 @@ through the stand-in ssh showing the interface and address each rank will use.""
 from __future__ import annotations
 
 from cli_runner import env_with_fake_ssh, run_mccl
-from lightning_mccl.cli import host_probe
-from lightning_mccl.cli.launch_plan import free_port
-from lightning_mccl.cli.host_checks import FAIL, OK, WARN, hardware_ports, judge, path_fix
+from lightning_mccl.launcher import free_port, host_probe
+from lightning_mccl.launcher.host_checks import FAIL, OK, WARN, hardware_ports, judge, path_fix
 from test_doctor import table_rows
 from test_launch import write_hostfile
 

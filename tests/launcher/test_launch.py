@@ -17,10 +17,9 @@ import pytest
 
 from cli_runner import (MCCL, RANK_PROGRAMS, alive, assert_all_gone, env_with_fake_ssh, fake_ssh_calls, require_script,
                         run_mccl, wait_for_files)
-from lightning_mccl.cli import main, rank_shim
-from lightning_mccl.cli.launch import secret_names_with_values
-from lightning_mccl.cli.launch_plan import SHIM_BOOTSTRAP, hostfile_plan, local_plan, resolve_command
-from lightning_mccl.cli.rank_process import RankSpec, _Rank
+from lightning_mccl.cli import main
+from lightning_mccl.launcher import (SHIM_BOOTSTRAP, RankProcess, RankSpec, fleet_plan, hostfile_plan, local_plan,
+                                     rank_shim, resolve_command, secret_names_with_values)
 from lightning_mccl.hostfile import parse_hostfile
 
 
@@ -191,18 +190,15 @@ def test_nproc_per_node_numbers_ranks_host_by_host():
                                                  ("3", "1", "1", "2")]),
 ])
 def test_local_n_is_one_node_of_n_ranks_unless_nproc_per_node_is_given(where, expected):
-    from lightning_mccl.cli import build_parser
-    from lightning_mccl.cli.fleet_args import plan_from_args
-
-    args = build_parser().parse_args(["launch", *where])
-    plan = plan_from_args(args, ["train"], nproc_per_node=args.nproc_per_node)
+    options = {name: int(value) for name, value in zip(where[::2], where[1::2])}
+    plan = fleet_plan(["train"], local=options["--local"], nproc_per_node=options.get("--nproc-per-node"))
     envs = [rank_shim.decode_spec(s.stdin.decode())["env"] for s in plan.rank_specs(base_env={})]
     assert [(e["RANK"], e["NODE_RANK"], e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) for e in envs] == expected
     assert {e["WORLD_SIZE"] for e in envs} == {str(len(expected))}
 
 
 def test_output_is_split_into_lines_at_newlines_and_carriage_returns():
-    r = _Rank(RankSpec(0, "h", ()))
+    r = RankProcess(RankSpec(0, "h", ()))
     assert r.split(b"one\ntwo\r\nthr") == ["one", "two"]
     assert r.split(b"ee\n\n\rprogress 1\rprogress 2\r") == ["three", "", "progress 1", "progress 2"]
     assert r.split(b"no newline", final=True) == ["no newline"]

@@ -6,9 +6,7 @@ from __future__ import annotations
 import os
 
 from cli_runner import RANK_PROGRAMS, run_mccl
-from lightning_mccl.cli.error_line import first_error
-from lightning_mccl.cli.rank_process import RankSpec
-from lightning_mccl.cli.same_lines import SameLines
+from lightning_mccl.launcher import RankSpec, SameLines, first_error
 from rank_programs import USAGE, USAGE_ERROR
 from test_launch import prefixed
 

@@ -2,11 +2,12 @@
 has ended, and takes its machine-readable line out of the ranks' output."""
 from __future__ import annotations
 
+import json
 import sys
 
 from cli_runner import HERE, run_mccl
 
-from lightning_mccl.cli.fleet_summary import MARKER, SummaryTap
+from lightning_mccl.launcher.fleet_summary import MARKER, SummaryTap
 
 PROGRAM = str(HERE / "summary_program.py")
 
@@ -45,3 +46,23 @@ def test_tap_passes_other_lines_and_a_malformed_record_through():
     assert out.lines == ["epoch 1", f"{MARKER} not json", f"{MARKER}x {{}}"] and tap.text() is None
     tap.line(None, f'{MARKER} {{"hosts": []}}')
     assert tap.text().startswith("fleet summary: unreadable")
+
+
+def test_a_record_wrapped_by_a_live_progress_bar_is_put_together_again():
+    """rich, redrawing a progress bar, wraps every printed line at the width and keeps the spaces at the ends of
+    the pieces (an erase-line sequence before the first): the pieces joined are the record."""
+    out = Lines()
+    tap = SummaryTap(out)
+    record = '{"metrics": {"bytes_per_step": 2500000.0}, "hosts": [{"host": "mac b", "ranks": [1]}], "world_size": 2}'
+    line = f"{MARKER} {record}"
+    cut1, cut2 = line.index(" ", 25) + 1, line.index(" ", 60) + 1  # after a space, as rich wraps
+    pieces = ["\x1b[2K" + line[:cut1], line[cut1:cut2], line[cut2:]]
+    tap.line(None, "epoch 1")
+    for piece in pieces:
+        tap.line(None, piece)
+    tap.line(None, "after")
+    assert out.lines == ["epoch 1", "after"] and tap.record == json.loads(record)
+    tap.line(None, f"{MARKER} {{never closed")
+    tap.line(None, "the rank's last line")
+    tap.rank_exited(None, 0)  # never a record: shown as it came
+    assert out.lines[2:] == [f"{MARKER} {{never closed", "the rank's last line"]

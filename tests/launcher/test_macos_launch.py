@@ -1,5 +1,5 @@
-"""`mccl launch`'s macOS options through the stand-in ssh: --caffeinate runs `caffeinate -dims -w PID` beside
-each rank (a stand-in caffeinate in fake_bin logs its arguments), off with --no-caffeinate and, by default,
+"""`mccl launch`'s macOS options through the stand-in ssh: --caffeinate runs `caffeinate -ims -w PID` beside
+each rank, never -d (a stand-in caffeinate in fake_bin logs its arguments), off with --no-caffeinate and, by default,
 on hosts that are not macOS; --port-range reaches every rank as MCCL_PORT_RANGE."""
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ def _launch(tmp_path, *options):
 
 def test_caffeinate_keeps_every_host_awake_while_its_rank_runs(tmp_path):
     shown, calls = _launch(tmp_path, "--caffeinate", "--port-range", "29600-29700")
-    assert sorted(calls) == sorted(f"-dims -w {pid}" for pid, _, _ in shown.values()), (calls, shown)
+    assert sorted(calls) == sorted(f"-ims -w {pid}" for pid, _, _ in shown.values()), (calls, shown)
+    # -d keeps the display awake, which sets off macOS 26's GPU watchdog under sustained Metal work
+    assert not [c for c in calls for flag in c.split() if flag.startswith("-") and "d" in flag], calls
     for pid, port_range, mode in shown.values():
         assert port_range == "29600-29700" and mode == "on"
 

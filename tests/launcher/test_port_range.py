@@ -6,6 +6,7 @@ import re
 import socket
 
 from cli_runner import RANK_PROGRAMS, run_mccl
+from lightning_mccl.launcher import free_port
 
 LISTENING = re.compile(r"^\[local r(\d)\]\s+\[mccl INFO\] rank \d/\d listening on 127\.0\.0\.1:(\d+) ")
 
@@ -13,9 +14,7 @@ LISTENING = re.compile(r"^\[local r(\d)\]\s+\[mccl INFO\] rank \d/\d listening o
 def _free_range(n: int) -> int:
     """The lowest port of n consecutive ports on 127.0.0.1 that are free now."""
     for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
+        base = free_port()
         if base + n > 65535:
             continue
         socks = []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,16 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from lightning_mccl.launcher import free_port
 from lightning_mccl.rendezvous import REPORT_S, describe_ranks, launcher_hosts, report_interval
 
 PROGRAM = str(Path(__file__).resolve().parent / "rendezvous_rank.py")
 HARD_TIMEOUT_S = 60
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(port, rank, world, timeout_s, report_s=0.5, hosts="mac-a,mac-b,mac-c", rounds=1, hold_s=0.0):
@@ -63,7 +57,7 @@ def _wait_for_line(proc, text, timeout=HARD_TIMEOUT_S):
 
 
 def test_a_missing_rank_is_named_while_the_others_wait_then_by_the_timeout():
-    port = _free_port()
+    port = free_port()
     ranks = [_start(port, r, 3, timeout_s=6) for r in (0, 1)]  # rank 2 (mac-c) is never started
     t0 = time.monotonic()
     results = [_finish(p) for p in ranks]
@@ -80,7 +74,7 @@ def test_a_missing_rank_is_named_while_the_others_wait_then_by_the_timeout():
 
 
 def test_a_late_rank_is_reported_then_everyone_proceeds_with_one_store():
-    port = _free_port()
+    port = free_port()
     first = _start(port, 0, 2, timeout_s=60, hosts="mac-a,mac-b")
     _wait_for_line(first, "waiting for 1 of 2 ranks")
     second = _start(port, 1, 2, timeout_s=60, hosts="mac-a,mac-b")
@@ -93,7 +87,7 @@ def test_a_second_group_waits_for_rank_0s_new_store_while_the_first_one_is_still
     # Each process makes two groups on one port (destroy_process_group, then a new fit); rank 0 keeps its first
     # store 2 s after the first round, so the others come to their second rendezvous at a store that is about to
     # close (a client of it sees it go away), and must wait for rank 0's next one.
-    port = _free_port()
+    port = free_port()
     ranks = [_start(port, r, 3, timeout_s=60, rounds=2, hold_s=2.0) for r in range(3)]
     for proc in ranks:
         code, out, err = _finish(proc)
@@ -103,7 +97,7 @@ def test_a_second_group_waits_for_rank_0s_new_store_while_the_first_one_is_still
 
 @pytest.mark.parametrize("rank", [0, 1], ids=["rank0-waiting-for-peers", "rank1-waiting-for-rank0"])
 def test_ctrl_c_stops_a_rank_waiting_at_the_rendezvous(rank):
-    port = _free_port()
+    port = free_port()
     proc = _start(port, rank, 2, timeout_s=600, hosts="mac-a,mac-b")
     _wait_for_line(proc, "waiting for 1 of 2 ranks" if rank == 0 else "cannot reach rank 0 at 127.0.0.1")
     t0 = time.monotonic()

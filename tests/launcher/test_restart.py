@@ -12,7 +12,7 @@ import pytest
 
 from cli_runner import MCCL, RANK_PROGRAMS, assert_all_gone, env_with_fake_ssh, require_script, run_mccl, wait_for_files
 from lightning_mccl.cli import main
-from lightning_mccl.cli.launch_plan import local_plan
+from lightning_mccl.launcher import local_plan
 from test_launch import pids_of, prefixed, write_hostfile
 
 
@@ -117,8 +117,7 @@ def test_max_restarts_must_not_be_negative(capsys):
 def test_a_signal_during_a_failures_stop_is_not_restarted(monkeypatch, capsys):
     """Ctrl-C that comes while the ranks are being stopped after a failure ends the job: the supervisor reports
     the failure (its code) with the signal, and the launcher does not start the ranks again."""
-    from lightning_mccl.cli import launch
-    from lightning_mccl.cli.supervise import Outcome, RankExit
+    from lightning_mccl.launcher import Outcome, RankExit, job
 
     calls = []
 
@@ -128,7 +127,7 @@ def test_a_signal_during_a_failures_stop_is_not_restarted(monkeypatch, capsys):
         failed = RankExit(spec, 4, False)
         return Outcome(4, "failed", (failed,), failed, signal.SIGINT)
 
-    monkeypatch.setattr(launch, "supervise", fake_supervise)
+    monkeypatch.setattr(job, "supervise", fake_supervise)
     assert main(["launch", "--local", "2", "--max-restarts", "3", "--", "true"]) == 4
     err = capsys.readouterr().err
     assert calls == [0] and "restarting" not in err

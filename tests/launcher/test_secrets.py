@@ -22,9 +22,7 @@ from pathlib import Path
 import pytest
 
 from cli_runner import MCCL, RANK_PROGRAMS, RUN_TIMEOUT_S, env_with_fake_ssh, fake_ssh_calls, require_script, wait_for_files
-from lightning_mccl.cli.launch_plan import SHIM_BOOTSTRAP, local_plan
-from lightning_mccl.cli.rank_process import RankSpec
-from lightning_mccl.cli.supervise import Outcome, RankExit
+from lightning_mccl.launcher import SHIM_BOOTSTRAP, Outcome, RankExit, RankSpec, local_plan
 
 _BASE64_WORD = re.compile(rb"[A-Za-z0-9+/_-]{16,}={0,2}")
 

@@ -1,6 +1,6 @@
 """`mccl launch --switch` of the README's recipe command on 3 emulated hosts, with no extra settings: each
 rank's Lightning makes a Gloo group of its own (the barrier around `prepare_data`), which must listen on
-the host's switch interface (GLOO_SOCKET_IFNAME from the rank shim, `cli/host_net.py`), not where the
+the host's switch interface (GLOO_SOCKET_IFNAME from the rank shim, `launcher/host_net.py`), not where the
 machine's name resolves (loopback inside every namespace here). One epoch of 2 steps of a one-block ViT.
 Needs root and network namespaces (the switch emulator), as tests/benchmarks/test_switch.py."""
 from __future__ import annotations

@@ -1,10 +1,9 @@
-"""Helpers for the Lightning tests' child processes: a free port, and an environment without the launcher
-variables a developer's shell may carry. (Named apart from tests/torch's modules: both directories are on
-sys.path when the whole suite runs.)"""
+"""Helpers for the Lightning tests' child processes: an environment without the launcher variables a
+developer's shell may carry (a free port: lightning_mccl.launcher.free_port). (Named apart from tests/torch's
+modules: both directories are on sys.path when the whole suite runs.)"""
 from __future__ import annotations
 
 import os
-import socket
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -12,13 +11,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK", "LOCAL_RANK", "RANK", "WORLD_SIZE",
                "LOCAL_WORLD_SIZE", "MCCL_NODE_RANK", "MCCL_HOSTFILE", "MCCL_SOCKET_IFNAME", "TORCHELASTIC_RUN_ID", "MCCL_HOSTS",
                "PL_GLOBAL_SEED", "STANDALONE_PORT")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env(extra: dict | None = None) -> dict:

@@ -1,6 +1,6 @@
-"""lightning_mccl.diloco on 3 CPU ranks (raw torch, tests/torch/harness.py), against a float64 reference of the
-schedule written independently of the module (each rank's weights = the new anchor + its progress since the
-round's end; the outer step as torch's SGD with nesterov=True computes it):
+"""lightning_mccl.diloco on 3 CPU ranks (raw torch, lightning_mccl.testing.run_ranks), against a float64
+reference of the schedule written independently of the module (each rank's weights = the new anchor + its
+progress since the round's end; the outer step as torch's SGD with nesterov=True computes it):
 
 - the anchor after every inner step, for a delay of one step and of a whole round ("one round late"), with
   the outer momentum and learning rate of each; identical bits on every rank; buffers replaced by their mean;
@@ -31,7 +31,7 @@ TORCH_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 if TORCH_TESTS not in sys.path:
     sys.path.insert(0, TORCH_TESTS)
 
-from harness import RunFailed, run_ranks  # noqa: E402
+from lightning_mccl.testing import RunFailed, run_ranks  # noqa: E402
 
 WORLD = 3
 # name: (sync_every, sync_delay, outer_lr, outer_momentum, wire, inner steps, state_dict taken after step)

@@ -14,7 +14,8 @@ import sys
 import pytest
 import torch
 
-from launch_env import HERE, clean_env, free_port
+from launch_env import HERE, clean_env
+from lightning_mccl.launcher import free_port
 
 FIXTURE = os.path.join(HERE, "fixtures", "diloco_v0")
 

@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from launch_env import HERE, clean_env, free_port
+from launch_env import HERE, clean_env
+from lightning_mccl.launcher import free_port
 from spies import forbid_cuda_stream, spy_init_process_group
 
 SCRIPT = os.path.join(HERE, "fabric_script.py")

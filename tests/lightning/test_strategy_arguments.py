@@ -269,7 +269,7 @@ def test_options_reach_the_process_group(no_launch_env):
     is made: a count with a byte suffix is refused there, naming the variable. The wire type stays compress='s."""
     from lightning.fabric.plugins.environments import LightningEnvironment
 
-    from launch_env import free_port
+    from lightning_mccl.launcher import free_port
     from lightning_mccl import Options
     from lightning_mccl.lightning import MCCLStrategy
 
@@ -293,8 +293,8 @@ def test_wire_type_travels_in_the_groups_options_not_the_environment(no_launch_e
     ValueError naming the group's setting; after destroy_process_group() the next group reads its own."""
     from lightning.fabric.plugins.environments import LightningEnvironment
 
-    from launch_env import free_port
     from lightning_mccl import backend as _backend
+    from lightning_mccl.launcher import free_port
     from lightning_mccl.lightning import MCCLStrategy
 
     def setup(compress):

@@ -25,7 +25,8 @@ import time
 import pytest
 import torch
 
-from launch_env import HERE, clean_env, free_port
+from launch_env import HERE, clean_env
+from lightning_mccl.launcher import free_port
 
 pytestmark = pytest.mark.slow  # make test-quick leaves these out (docs/testing.md)
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from launch_env import free_port
+from lightning_mccl.launcher import free_port
 from spies import forbid_cuda_stream, spy_init_process_group
 
 

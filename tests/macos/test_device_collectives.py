@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from devices import DEVICES
-from harness import run_ranks
+from lightning_mccl.testing import run_ranks
 
 WORLD = 2
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from devices import DEVICES
-from harness import free_port, run_ranks
+from lightning_mccl.testing import run_ranks
+from lightning_mccl.launcher import free_port
 
 STEPS, LR = 5, 0.1
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness import run_ranks
+from lightning_mccl.testing import run_ranks
 
 pytestmark = pytest.mark.skipif(not torch.backends.mps.is_available(),
                                 reason="needs Apple silicon with MPS (runs in .github/workflows/macos.yml)")

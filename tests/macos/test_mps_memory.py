@@ -9,7 +9,7 @@ counters must agree with the binding's answer; MCCL_DEVICE_IN_PLACE=0 must stage
 import pytest
 import torch
 
-from harness import run_ranks
+from lightning_mccl.testing import run_ranks
 
 pytestmark = pytest.mark.skipif(not torch.backends.mps.is_available(),
                                 reason="needs Apple silicon with MPS (runs in .github/workflows/macos.yml)")

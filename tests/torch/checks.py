@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from harness import progress, report
+from lightning_mccl.testing import progress, report
 
 DTYPES = [
     torch.float32,

@@ -1,4 +1,4 @@
-"""pytest setup for the torch.distributed tests: make harness and the test modules importable by name
+"""pytest setup for the torch.distributed tests: make the test modules importable by name
 (the spawned rank processes import the test function by module name) and show the backend under test."""
 
 import os
@@ -8,7 +8,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-from harness import backend_name  # noqa: E402
+from lightning_mccl.testing import backend_name  # noqa: E402
 
 
 def pytest_report_header(config):

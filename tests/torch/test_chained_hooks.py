@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from harness import is_gloo, progress, run_ranks
+from lightning_mccl.testing import is_gloo, progress, run_ranks
 
 STEPS = 6
 LR = 0.05

@@ -26,7 +26,7 @@ import pytest
 import torch.distributed as dist
 
 from checks import Sweep, summary_from_reports
-from harness import RunFailed, backend_name, progress, report, run_ranks
+from lightning_mccl.testing import RunFailed, backend_name, progress, report, run_ranks
 from sweep_data_movement import sweep_all_gather, sweep_all_to_all, sweep_broadcast, sweep_gather_scatter
 from sweep_groups_objects import sweep_non_contiguous, sweep_objects, sweep_subgroups
 from sweep_p2p_async import sweep_async, sweep_barrier, sweep_callback_collective, sweep_p2p

@@ -20,8 +20,8 @@ import time
 import pytest
 import torch
 
-from harness import run_ranks
-from test_cuda_no_stall import _cycles_per_s
+from lightning_mccl.testing import run_ranks
+from test_cuda_no_stall import cycles_per_s
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -55,7 +55,7 @@ def in_place(rank, world):
 
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
-    sleep_cycles = int(SLEEP_S * _cycles_per_s(dev))
+    sleep_cycles = int(SLEEP_S * cycles_per_s(dev))
     res = {}
     probe, _ = host_visible(8)
     res["path_host_visible"] = list(_C.device_memory_path(probe))

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from harness import run_ranks
+from lightning_mccl.testing import run_ranks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -28,7 +28,7 @@ def _values(rank, count):
     return torch.randn(count, generator=g, dtype=torch.float64)
 
 
-def _cycles_per_s(dev):
+def cycles_per_s(dev):
     torch.cuda._sleep(1000)  # warm up
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     cycles = 50_000_000
@@ -64,7 +64,7 @@ def _round(rank, base, sleep_cycles):
 def no_stall(rank, world, use_side_stream):
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
-    sleep_cycles = int(SLEEP_S * _cycles_per_s(dev))
+    sleep_cycles = int(SLEEP_S * cycles_per_s(dev))
     base = [_values(rank, n).to(dev, torch.float32) for n in SIZES]
     stream = torch.cuda.Stream(device=dev) if use_side_stream else torch.cuda.current_stream(dev)
     with torch.cuda.stream(stream):

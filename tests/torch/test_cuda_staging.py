@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from harness import run_ranks
+from lightning_mccl.testing import run_ranks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

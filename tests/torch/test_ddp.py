@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from harness import RunFailed, backend_name, progress, report, run_ranks
+from lightning_mccl.testing import RunFailed, backend_name, progress, report, run_ranks
 
 STEPS = 5
 LR = 0.05

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from harness import run_ranks
+from lightning_mccl.testing import run_ranks
 
 
 def paths_and_buffers(rank, world):

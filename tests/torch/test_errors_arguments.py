@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from checks import GlooGap, Sweep, check_tensor, rop
 from error_checks import expect_error, still_works, works_or_error
-from harness import progress, run_ranks
+from lightning_mccl.testing import progress, run_ranks
 
 
 ARG_GROUPS = ["unsupported_dtype", "complex", "unsupported_op", "tensor_count", "sparse", "bad_rank", "bad_sizes"]

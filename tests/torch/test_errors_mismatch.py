@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from error_checks import ERROR_TYPES, PG_TIMEOUT_S
-from harness import backend_name, run_ranks
+from lightning_mccl.testing import backend_name, run_ranks
 
 
 def mismatch_worker(rank, ws, scenario):

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from error_checks import PG_TIMEOUT_S
-from harness import backend_name, init_method, progress, run_ranks
+from lightning_mccl.testing import backend_name, init_method, progress, run_ranks
 
 
 RENDEZVOUS_TIMEOUT_S = 2.0  # only rank 0 is started: nothing but the timeout itself takes time

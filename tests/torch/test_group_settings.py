@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import backend_name, run_ranks
+from lightning_mccl.testing import backend_name, run_ranks
 
 COUNT = 1000  # 4 KB of float32
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from harness import RunFailed, progress, report, run_ranks
+from lightning_mccl.testing import RunFailed, progress, report, run_ranks
 
 
 def echo_worker(rank, ws, base):

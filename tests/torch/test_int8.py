@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness import backend_name, run_ranks
+from lightning_mccl.testing import backend_name, run_ranks
 
 pytestmark = pytest.mark.skipif(backend_name() != "mccl", reason="the 8-bit allreduce is mccl's")
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import backend_name, progress, run_ranks
+from lightning_mccl.testing import backend_name, progress, run_ranks
 
 HEARTBEAT_TIMEOUT_S = 2.0
 PG_TIMEOUT_S = 60.0

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness import backend_name, run_ranks
+from lightning_mccl.testing import backend_name, run_ranks
 from metal_standin import KERNELS, StandInCompiler, install
 
 pytestmark = pytest.mark.skipif(backend_name() != "mccl", reason="lightning_mccl.metal gates mccl groups")

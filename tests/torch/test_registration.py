@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import torch
 
-from harness import free_port
+from lightning_mccl.launcher import free_port
 
 TIMEOUT_S = 90
 

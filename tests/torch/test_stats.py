@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import run_ranks
+from lightning_mccl.testing import run_ranks
 
 RING_COUNT = 600_000  # 2.4 MB of float32: above every recursive-doubling limit, divisible by 2 and 3
 SMALL_COUNT = 1_000  # 4 KB: recursive doubling

@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import RunFailed, run_ranks
+from lightning_mccl.testing import RunFailed, run_ranks
 
 GROUPS = [  # one all_gather_coalesced call each: (dtype, shapes)
     (torch.float32, [(3, 4), (0,), (7,), (1,)]),

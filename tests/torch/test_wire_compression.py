@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness import run_ranks
+from lightning_mccl.testing import run_ranks
 
 WORLD = 3
 COUNT = 200_000  # 800 KB, above the recursive-doubling limit for 3 ranks (512 KiB): the ring runs

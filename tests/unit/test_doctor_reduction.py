@@ -1,6 +1,6 @@
-"""`mccl doctor`'s reduction-path report (cli/doctor_reduction.py): every rank's row, on a stand-in for
+"""`mccl doctor`'s reduction-path report (launcher/doctor_reduction.py): every rank's row, on a stand-in for
 torch.distributed (the real run: tests/launcher/test_doctor.py)."""
-from lightning_mccl.cli import doctor_reduction
+from lightning_mccl.launcher import doctor_reduction
 
 
 class TwoRanks:

@@ -1,10 +1,10 @@
-"""What the rank shim and `mccl doctor` ask of a host's network (lightning_mccl.cli.host_net): its addresses
+"""What the rank shim and `mccl doctor` ask of a host's network (lightning_mccl.launcher.host_net): its addresses
 (getifaddrs through ctypes, against what the kernel routes), and the interface Lightning's Gloo groups get."""
 import sys
 
 import pytest
 
-from lightning_mccl.cli import host_net
+from lightning_mccl.launcher import host_net
 
 ADDRESSES = [("lo0", "127.0.0.1"), ("en0", "10.0.0.12"), ("en1", "192.168.1.30"), ("en0", "fe80::1")]
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from lightning_mccl.cli import main
-from lightning_mccl.cli.plan import parse_goodput, parse_hosts
+from lightning_mccl.quantities import parse_goodput, parse_hosts
 from lightning_mccl.plan.profile import FORMAT, Kernels, Param, PowerSGDCost, Profile, ProfileError, load, save
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lightning_mccl.lightning.straggler import (RankWindow, StragglerReport, format_table, propose_batch_sizes,
+from lightning_mccl.straggler import (RankWindow, StragglerReport, format_table, propose_batch_sizes,
                                                 scale_loss, summary_text)
 
 

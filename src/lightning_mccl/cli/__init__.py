@@ -7,7 +7,10 @@
 
 `launch` runs a command on every rank of the fleet (see `lightning_mccl.cli.launch`); `doctor` checks the
 fleet and measures its links with the mccl engine (see `lightning_mccl.cli.doctor`); `switch` builds an
-emulated fleet (see `lightning_mccl.cli.switch`).
+emulated fleet (see `lightning_mccl.cli.switch`); `plan` predicts a fleet's training step. These modules are
+thin front ends: argument parsing (their shared types: `arg_types`, `fleet_args`) and printing (`console`);
+the launcher itself is the library `lightning_mccl.launcher`. Nothing outside this package imports it, but
+for `main` (the `mccl` script and ``python -m lightning_mccl.cli``).
 """
 from __future__ import annotations
 

@@ -16,154 +16,40 @@ Tables go to stdout, progress and problems to stderr. Exit code 0 when every che
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-from collections import defaultdict
-from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Sequence
+from dataclasses import replace
+from typing import Optional, Sequence
 
 from rich.markup import escape
 from rich.table import Table
 
-from pathlib import Path
-
 from ..hostfile import HostfileError
-from . import host_probe
-from .host_checks import FAIL, OK, Finding, judge, path_fix
-from . import doctor_reduction
-from .console import make_log, stderr_console, stdout_console
-from .doctor_bench import RESULT_MARKER
-from .error_line import first_error
-from .fleet_args import _positive_int, _positive_seconds, add_fleet_arguments, plan_from_args
-from .launch import supervise
-from .launch_plan import LaunchError, LaunchPlan
-from .prefixed_output import PrefixedOutput
-from .rank_process import RankSpec
+from ..launcher import LaunchError, LaunchPlan, first_error, supervise
+from ..launcher.doctor_bench import RESULT_MARKER
+from ..launcher.doctor_checks import (PROBE_MARKER, PROBE_TIMEOUT_S, VERSIONS, CapturedOutput, HostReport,
+                                      bench_command, check_hosts, probe_command, setup_findings)
+from ..launcher.doctor_reduction import table as reduction_table
+from ..launcher.host_checks import FAIL, OK, Finding
+from ..tables import stdout_console
+from .arg_types import mib, positive_int, positive_seconds
+from .console import make_log, stderr_console
+from .fleet_args import add_fleet_arguments, plan_from_args
 
-PROBE_MARKER = "MCCL_DOCTOR_PROBE "
-PROBE_TIMEOUT_S = 60.0
-# What the probe reports, in the order the hosts table shows it (key, column title).
-VERSIONS = (("python", "python"), ("torch", "torch"), ("lightning_mccl", "lightning-mccl"), ("lightning", "lightning"))
 # A link slower than this fraction of the fleet's median bandwidth is marked "slow".
 SLOW_FRACTION = 0.5
-
-# Runs on every host with the Python the ranks use (standard library only, no torch import: fast), after
-# host_probe's source (its `collect`: the setup that host_checks judges).
-PROBE_SOURCE = Path(host_probe.__file__).read_text() + r"""
-import json, os, platform, socket, sys
-from importlib import metadata
-
-def version(name):
-    try:
-        return metadata.version(name)
-    except Exception:
-        return None
-
-port_error = None
-if os.environ.get("NODE_RANK") == "0":  # the rendezvous host
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("", int(os.environ["MASTER_PORT"])))
-    except OSError as e:
-        port_error = e.strerror or str(e)
-    finally:
-        s.close()
-print("MCCL_DOCTOR_PROBE " + json.dumps({
-    "hostname": socket.gethostname(), "python": platform.python_version(), "executable": sys.executable,
-    "platform": platform.platform(), "torch": version("torch"), "lightning_mccl": version("lightning-mccl"),
-    "lightning": version("lightning"), "port_error": port_error, "setup": collect()}), flush=True)
-"""
-
-
-class CapturedOutput:
-    """Keeps every rank's lines (and echoes them to stderr, prefixed, when `echo`)."""
-
-    def __init__(self, specs: Sequence[RankSpec], echo: bool = False):
-        import sys
-
-        self.lines: Dict[int, List[str]] = defaultdict(list)
-        self._echo = PrefixedOutput(specs, stream=sys.stderr) if echo else None
-
-    def line(self, spec: RankSpec, text: str) -> None:
-        self.lines[spec.rank].append(text)
-        if self._echo is not None:
-            self._echo.line(spec, text)
-
-    def flush(self) -> None:
-        if self._echo is not None:
-            self._echo.flush()
-
-    def marked(self, rank: int, marker: str) -> Optional[dict]:
-        for text in reversed(self.lines.get(rank, [])):
-            if text.startswith(marker):
-                try:
-                    return json.loads(text[len(marker):])
-                except ValueError:
-                    return None
-        return None
-
-    def tail(self, rank: int, n: int = 15) -> List[str]:
-        return [t for t in self.lines.get(rank, []) if not t.startswith((PROBE_MARKER, RESULT_MARKER))][-n:]
-
-
-@dataclass
-class HostReport:
-    node_rank: int
-    name: str
-    addr: str
-    returncode: Optional[int]
-    info: Optional[dict]
-    output: List[str]
-
-
-def _mib(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MiB") from None
-    if not value * (1 << 20) >= 4:
-        raise argparse.ArgumentTypeError(f"must be at least 4 bytes, got {text} MiB")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_fleet_arguments(parser, runs_command=False)
-    parser.add_argument("--size-mib", metavar="MIB", type=_mib, default=16.0,
+    parser.add_argument("--size-mib", metavar="MIB", type=mib, default=16.0,
                         help="message size for bandwidth and allreduce (default: %(default)g MiB)")
-    parser.add_argument("--iters", metavar="N", type=_positive_int, default=5,
+    parser.add_argument("--iters", metavar="N", type=positive_int, default=5,
                         help="timed repetitions of each bandwidth/allreduce measurement (default: %(default)d)")
-    parser.add_argument("--latency-iters", metavar="N", type=_positive_int, default=50,
+    parser.add_argument("--latency-iters", metavar="N", type=positive_int, default=50,
                         help="timed round trips per pair (default: %(default)d)")
-    parser.add_argument("--timeout", metavar="S", type=_positive_seconds, default=180.0,
+    parser.add_argument("--timeout", metavar="S", type=positive_seconds, default=180.0,
                         help="limit for the measurement run, seconds (default: %(default)g)")
     parser.add_argument("--verbose", action="store_true", help="show the hosts' output (prefixed, on stderr)")
-
-
-def check_hosts(reports: Sequence[HostReport]) -> List[str]:
-    """Problems found by the probes: unreachable hosts, missing packages, differing versions, a busy port."""
-    problems = []
-    for r in reports:
-        if r.info is None:
-            last = next((t for t in reversed(r.output) if t.strip()), "no output")
-            fix = path_fix(r.output)
-            problems.append(f"{r.name}: no answer (exit code {r.returncode}): {last}" + (f"; fix: {fix}" if fix else ""))
-            continue
-        for key in ("torch", "lightning_mccl"):
-            if not r.info.get(key):
-                problems.append(f"{r.name}: {key.replace('_', '-')} is not installed for {r.info.get('executable')}")
-        if r.node_rank == 0 and r.info.get("port_error"):
-            problems.append(f"{r.name}: the master port cannot be bound ({r.info['port_error']}); "
-                            "is another run still going? Use --master-port")
-    answered = [r for r in reports if r.info is not None]
-    for key, title in VERSIONS:
-        seen = defaultdict(list)
-        for r in answered:
-            seen[r.info.get(key)].append(r.name)
-        if len(seen) > 1:
-            detail = "; ".join(f"{v or 'missing'} on {', '.join(hosts)}" for v, hosts in seen.items())
-            problems.append(f"different {title} versions: {detail}")
-    return problems
 
 
 def hosts_table(reports: Sequence[HostReport], port: int) -> Table:
@@ -186,11 +72,6 @@ def hosts_table(reports: Sequence[HostReport], port: int) -> Table:
             port_cell = ""
         table.add_row(str(r.node_rank), escape(r.name), r.addr, "yes", *cells, port_cell)
     return table
-
-
-def setup_findings(reports: Sequence[HostReport]) -> List[Finding]:
-    return [f for r in reports if r.info is not None and r.info.get("setup")
-            for f in judge(r.name, r.info["setup"], r.addr)]
 
 
 def setup_table(findings: Sequence[Finding]) -> Table:
@@ -238,7 +119,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     if command:
         parser.error("mccl doctor takes no command")
     try:
-        probe_plan = plan_from_args(args, [args.python, "-c", PROBE_SOURCE], nproc_per_node=1)  # one rank a host
+        probe_plan = plan_from_args(args, probe_command(args.python), nproc_per_node=1)  # one rank a host
     except (LaunchError, HostfileError) as e:
         parser.error(str(e))
     log = make_log(stderr_console(), "mccl doctor")
@@ -279,9 +160,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
         return 1 if problems else 0
 
     # 2. the links
-    bench = [probe_plan.python, "-m", "lightning_mccl.cli.doctor_bench", "--size-mib", f"{args.size_mib:g}",
-             "--iters", str(args.iters), "--latency-iters", str(args.latency_iters),
-             "--pg-timeout", f"{max(10.0, args.timeout - 10.0):g}"]
+    bench = bench_command(probe_plan.python, size_mib=args.size_mib, iters=args.iters,
+                          latency_iters=args.latency_iters, pg_timeout=max(10.0, args.timeout - 10.0))
     bench_plan = replace(probe_plan, command=tuple(bench))
     log(f"measuring over mccl: {bench_plan.describe()}")
     specs = bench_plan.rank_specs()
@@ -307,7 +187,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
         out.print(allreduce_table(result))
         out.print("[dim]busbw = algbw × 2(n-1)/n, the slowest rank's median time[/]")
     if result.get("reduction"):
-        out.print(doctor_reduction.table(result["reduction"]))
+        out.print(reduction_table(result["reduction"]))
     if problems:
         log(f"{len(problems)} problem{'s' if len(problems) != 1 else ''} found (see above)")
         return 1

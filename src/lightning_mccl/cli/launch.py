@@ -17,7 +17,8 @@ Every rank also gets TORCHELASTIC_RUN_ID (one id per job), torchrun's marker, so
 variables through its TorchElasticEnvironment: a ``Trainer(num_nodes=..., devices=...)`` whose product is not
 WORLD_SIZE fails at once on every rank, as under torchrun; MCCL_HOSTS (the host names, in node order: the
 rendezvous names the hosts of missing ranks with it); and MCCL_CAFFEINATE (``--caffeinate``: on a macOS host
-the rank shim runs ``caffeinate -dims -w PID`` for the rank, so the Mac does not sleep during the job).
+the rank shim runs ``caffeinate -ims -w PID`` for the rank, so the Mac does not sleep during the job; the
+display may, which keeps macOS 26's GPU watchdog away).
 ``--port-range LOW-HIGH`` sets MCCL_PORT_RANGE: the engine's listeners bind only those ports.
 
 What every rank also gets: the launcher's MCCL_* variables (engine tuning such as MCCL_DEBUG; per-host
@@ -31,12 +32,14 @@ launcher's environment instead, and a NAME=VALUE whose name looks secret (SECRET
 A command that starts with ``python``/``python3`` runs with ``--python`` (default: the launcher's own
 interpreter), because a non-interactive ssh shell has no virtual environment activated.
 
-Supervision (see `supervise`): output prefixed ``[host rN]`` on stdout, a line that several ranks print
-alike shown once (`same_lines`); the first rank to fail stops all the others, each of which then shows one
-line, not its shutdown (`quiet_stop`), and its exit code is the launcher's, whose last line names that
-rank's first error line (`error_line`); Ctrl-C (SIGINT) is forwarded to every rank as SIGINT, anything
-still alive ``--grace`` seconds later is killed, and the launcher exits with 130. MCCL_DEBUG=INFO in the
-launcher's environment shows every line of every rank.
+Supervision (the library `lightning_mccl.launcher`: `supervisor`, `job`): output prefixed ``[host rN]`` on
+stdout, a line that several ranks print alike shown once (`same_lines`), rank 0's progress bar live or now
+and then (`progress`); the first rank to fail stops all the others, each of which then shows one line, not
+its shutdown (`quiet_stop`; a rank that only lost its peer: one line, `peer_loss`), and its exit code is
+the launcher's, whose last line names that rank's first error line (`error_line`: the project's own
+message where there is one); Ctrl-C (SIGINT) is forwarded to every rank as SIGINT, anything still alive
+``--grace`` seconds later is killed, and the launcher exits with 130. MCCL_DEBUG=INFO in the launcher's
+environment shows every line of every rank.
 
 Restarts (``--max-restarts N``): when a rank fails, every rank is stopped as above and then all of them
 are started again, up to N times; the job resumes from its own checkpoints (e.g. Lightning's
@@ -52,22 +55,16 @@ controls every host from one command (over ssh), so restarting the whole job fro
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import shlex
-import signal
 from dataclasses import replace
-from typing import List, Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..hostfile import HostfileError
-from . import fleet_summary
-from .error_line import RankTails
-from .fleet_args import _non_negative_int, _port_range, _positive_int, add_fleet_arguments, plan_from_args
-from .launch_plan import LaunchError, LaunchPlan, resolve_command
-from .prefixed_output import PrefixedOutput
-from .quiet_stop import QuietStop, wants_everything
-from .same_lines import SameLines
-from .supervise import Outcome, Supervisor
+from ..launcher import LaunchError, parse_env, resolve_command, run_job, warn_secret_values
+from ..launcher.progress import PROGRESS_EVERY_S
+from .arg_types import non_negative_int, port_range, positive_int, seconds
+from .console import make_log, stderr_console
+from .fleet_args import add_fleet_arguments, plan_from_args
 
 
 EPILOG = """\
@@ -77,27 +74,29 @@ host's ifname; TORCHELASTIC_RUN_ID (Lightning then checks num_nodes x devices ag
 --local N: N ranks on this machine as one node (LOCAL_RANK 0..N-1, as torchrun --nproc-per-node N), for
 Trainer(devices=N); --local N --nproc-per-node P: N nodes of P ranks each, for Trainer(num_nodes=N, devices=P).
 
-output: every line of every rank, prefixed [host rN], on stdout; the launcher's messages on stderr.
+output: every line of every rank, prefixed [host rN], on stdout; the launcher's messages on stderr. Rank 0's
+progress bar is drawn in place on a terminal, and is a line every --progress-every seconds in a log.
 exit code: the first failing rank's (the others are stopped at once), 130 after Ctrl-C, 0 when all succeed.
 --max-restarts N: after a failure, all ranks start again (up to N times; MCCL_RESTART_COUNT says which
 attempt); the exit code is then the last attempt's.
 """
-# An --env NAME=VALUE whose NAME matches this gets a warning: its value is on the launcher's command line.
-SECRET_NAME = re.compile(r"SECRET|TOKEN|KEY|PASSWORD|PASS", re.IGNORECASE)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_fleet_arguments(parser)
-    parser.add_argument("--nproc-per-node", metavar="P", type=_positive_int,
+    parser.add_argument("--nproc-per-node", metavar="P", type=positive_int,
                         help="ranks per host (default: 1; one Mac, one rank); with --local N: this machine as N "
                              "nodes of P ranks each")
-    parser.add_argument("--max-restarts", metavar="N", type=_non_negative_int, default=0,
+    parser.add_argument("--max-restarts", metavar="N", type=non_negative_int, default=0,
                         help="when a rank fails, stop all ranks and start them all again, up to N times "
                              "(default: 0); ranks see MCCL_RESTART_COUNT")
     parser.add_argument("--caffeinate", action=argparse.BooleanOptionalAction, default=None,
-                        help="keep each host awake while its ranks run (`caffeinate -dims`); default: on for "
+                        help="keep each host awake while its ranks run (`caffeinate -ims`); default: on for "
                              "macOS hosts, off elsewhere")
-    parser.add_argument("--port-range", metavar="LOW-HIGH", type=_port_range,
+    parser.add_argument("--progress-every", metavar="S", type=seconds, default=PROGRESS_EVERY_S,
+                        help="when stdout is not a terminal (a log): rank 0's progress bar as a line at most every S "
+                             "seconds (default: %(default)g; on a terminal it is drawn in place)")
+    parser.add_argument("--port-range", metavar="LOW-HIGH", type=port_range,
                         help="the only ports ranks listen on while connecting (sets MCCL_PORT_RANGE; "
                              "e.g. 29600-29700), so a firewall can allow them; default: any free port")
     parser.add_argument("--env", metavar="NAME[=VALUE]", action="append", default=[],
@@ -107,70 +106,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command every rank runs, after --")
 
 
-def parse_env(items: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> dict:
-    environ = os.environ if environ is None else environ
-    out = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise LaunchError(f"--env {item!r}: {name!r} is not a variable name")
-        if not sep:
-            if name not in environ:
-                raise LaunchError(f"--env {name}: {name} is not set here (use --env {name}=VALUE)")
-            value = environ[name]
-        out[name] = value
-    return out
-
-
-def secret_names_with_values(items: Sequence[str]) -> List[str]:
-    """The names in --env `items` given as NAME=VALUE that look like secrets (SECRET_NAME)."""
-    return [name for name, sep, _ in (item.partition("=") for item in items) if sep and SECRET_NAME.search(name)]
-
-
-def warn_secret_values(items: Sequence[str], log) -> None:
-    """Logs, for each secret-looking --env NAME=VALUE, that the value is on the command line (never the value)."""
-    for name in secret_names_with_values(items):
-        log(f"warning: --env {name}=... puts the value of {name} on this command line, where `ps` shows it to every "
-            f"user of this machine; export {name} and give --env {name} instead")
-
-
-def supervise(plan: LaunchPlan, *, log, **kwargs) -> Outcome:
-    """Runs `plan` under a Supervisor (kwargs: output, fail_fast, timeout)."""
-    return Supervisor(plan.rank_specs(), log=log, grace=plan.grace, explain_exit=plan.explain_exit,
-                      **kwargs).run()
-
-
-def job_output(plan: LaunchPlan):
-    """The launcher's output for one attempt, outermost first: every rank's last lines (`error_line`), one
-    line per stopped rank (`quiet_stop`), a line printed alike by several ranks once (`same_lines`), rank 0's
-    summary kept for the end (`fleet_summary`), prefixed lines on stdout; MCCL_DEBUG=INFO: every line.
-    Returns (output, summary)."""
-    summary = fleet_summary.SummaryTap(PrefixedOutput(plan.rank_specs()))
-    return RankTails(summary if wants_everything() else QuietStop(SameLines(summary))), summary
-
-
-def failure_line(outcome: Outcome, output: RankTails) -> str:
-    """"; its first error: ..." for the failed rank of `outcome` (`error_line`); else, when it exited by itself
-    (code 1-127, not killed by a signal), "; its last line: ..."; else ""."""
-    rank, code = outcome.failed.spec.rank, outcome.failed.returncode
-    error = output.first_error(rank)
-    if error:
-        return f"; its first error: {error}"
-    last = output.last_line(rank) if code is not None and 0 < code < 128 else None
-    return f"; its last line: {last}" if last else ""
-
-
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Optional[Sequence[str]]) -> int:
     """`mccl launch`: returns the exit code (parser.error exits 2 on bad input)."""
-    from .console import make_log, stderr_console
-
     if command is not None and args.command:
         parser.error("give the command once, after --")
     command = list(command if command is not None else args.command)
     if not command:
         parser.error("missing the command to run, e.g. mccl launch --local 2 -- python train.py")
     try:
-        env = {**fleet_summary.rank_env(), **parse_env(args.env)}
+        env = parse_env(args.env)
         if args.port_range:
             env["MCCL_PORT_RANGE"] = args.port_range
         command, replaced = resolve_command(command, args.python)
@@ -184,29 +128,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     log(f"launching {plan.describe()}: {shlex.join(plan.command)}")
     if replaced:
         log(f"`python` runs as {plan.python} (see --python)")
-    fresh_port = args.local is not None and args.master_port is None
-    while True:
-        output, summary = job_output(plan)
-        outcome = supervise(plan, log=log, output=output)
-        if outcome.reason != "failed" or outcome.signal is not None or plan.restart >= plan.max_restarts:
-            break  # a signal ends the job, also one that came while the ranks stopped after a failure
-        f = outcome.failed
-        plan = plan.next_attempt(fresh_port)
-        log(f"rank {f.spec.rank} on {f.spec.host} failed with exit code {f.returncode}: restarting all "
-            f"{plan.world_size} ranks (restart {plan.restart} of {plan.max_restarts}, master port {plan.master_port})"
-            f"{failure_line(outcome, output)}")
-    if outcome.reason == "ok":
-        log(f"all {plan.world_size} ranks finished" + (f" (after {plan.restart} restart{'s' if plan.restart > 1 else ''})"
-                                                       if plan.restart else ""))
-    elif outcome.reason == "failed":
-        f = outcome.failed
-        tail = f" (no restarts left after {plan.restart})" if plan.max_restarts else ""
-        if outcome.signal is not None and plan.restart < plan.max_restarts:
-            tail = f" (not restarted: the launcher got {signal.Signals(outcome.signal).name})"
-        log(f"failed: rank {f.spec.rank} on {f.spec.host} exited with code {f.returncode}{tail}"
-            f"{failure_line(outcome, output)}")
-    else:
-        log(f"stopped ({outcome.reason}); exit code {outcome.returncode}")
-    if summary.text():
-        print(summary.text(), flush=True)
-    return outcome.returncode
+    result = run_job(plan, log=log, fresh_port=args.local is not None and args.master_port is None,
+                     progress_every=args.progress_every)
+    if result.summary:
+        print(result.summary, flush=True)
+    return result.outcome.returncode

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import time
 from typing import List, Optional, Sequence
 
@@ -22,8 +21,9 @@ from ..plan.methods import BF16, DDP, DILOCO_WIRES, METHODS, Int8, PowerSGD
 from ..plan.predict import Settings, build_methods, predict
 from ..plan.profile import ProfileError, load, save
 from ..switch.rates import format_rate, line_rate_goodput, parse_rate
-from .console import make_log, print_table, stderr_console
-from .fleet_args import _positive_int
+from ..tables import print_table
+from .arg_types import goodput, hosts, positive_int, rate
+from .console import make_log, stderr_console
 
 EPILOG = """\
 --hosts takes a range (1-48), a list (2,4,8,24) or both (1-8,16,24). --goodput takes bits (9.4gbit) or
@@ -31,52 +31,6 @@ bytes (1.17GB/s) per second: what `mccl doctor` measured between two Macs (its l
 measured on one device plans another with --compute-scale (0.5: twice as fast), an assumption the output
 names. One host is one Mac training alone: no communication.
 """
-_BYTES_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kMG]?)B/s\s*$")
-_SI = {"": 1, "k": 1e3, "M": 1e6, "G": 1e9}
-MAX_HOSTS = 4096
-
-
-def parse_hosts(text: str) -> List[int]:
-    """A range (1-48), a list (2,4,8,24) or both, as sorted distinct host counts >= 1."""
-    hosts = set()
-    for item in text.split(","):
-        a, dash, b = item.strip().partition("-")
-        try:
-            lo, hi = int(a), int(b) if dash else int(a)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: {item.strip()!r} is not a host count or a range; write a range such as 1-48 or a list "
-                f"such as 2,4,8,24") from None
-        if lo < 1:
-            raise argparse.ArgumentTypeError(f"{text!r}: host counts start at 1, got {lo}")
-        if hi < lo:
-            raise argparse.ArgumentTypeError(f"{text!r}: the range {item.strip()} ends before it starts")
-        if hi > MAX_HOSTS:
-            raise argparse.ArgumentTypeError(f"{text!r}: at most {MAX_HOSTS} hosts, got {hi}")
-        hosts.update(range(lo, hi + 1))
-    return sorted(hosts)
-
-
-def parse_goodput(text: str) -> float:
-    """Bytes per second from 9.4gbit (bits, as tc writes rates) or 1.17GB/s (bytes)."""
-    m = _BYTES_RATE.match(text)
-    if m:
-        value = float(m.group(1)) * _SI[m.group(2)]
-    else:
-        try:
-            value = parse_rate(text) / 8
-        except ValueError:
-            value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: write a rate such as 9.4gbit or 1.17GB/s")
-    return value
-
-
-def _rate(text: str) -> int:
-    try:
-        return parse_rate(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _names(text: str) -> List[str]:
@@ -128,8 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s = Settings()
     g = parser.add_argument_group("what to plan")
     g.add_argument("--model", help="timm model name, or module:Class (a LightningModule with example_input_array)")
-    g.add_argument("--batch", type=_positive_int, help="samples per Mac per step")
-    g.add_argument("--hosts", type=parse_hosts, default=parse_hosts("1-48"), help="fleet sizes (default: 1-48)")
+    g.add_argument("--batch", type=positive_int, help="samples per Mac per step")
+    g.add_argument("--hosts", type=hosts, default=hosts("1-48"), help="fleet sizes (default: 1-48)")
     g.add_argument("--methods", type=_names, default=list(METHODS),
                    help=f"comma-separated, from {','.join(METHODS)} (default: all)")
     g.add_argument("--out", help="folder for plan.csv, plan.md, plan.png, profile.json (default: runs/plan/...)")
@@ -137,23 +91,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device", choices=("auto", "mps", "cuda", "cpu"), help="where to measure it (default: auto)")
     g.add_argument("--profile", metavar="FILE", help="use this profile (made with --save-profile) instead")
     g.add_argument("--save-profile", metavar="FILE", help="write the profile used here")
-    g.add_argument("--steps", type=_positive_int, default=10, help="timed steps (default: %(default)s)")
-    g.add_argument("--warmup", type=_positive_int, default=3, help="untimed steps first (default: %(default)s)")
-    g.add_argument("--share-device", type=_positive_int, default=1, metavar="N",
+    g.add_argument("--steps", type=positive_int, default=10, help="timed steps (default: %(default)s)")
+    g.add_argument("--warmup", type=positive_int, default=3, help="untimed steps first (default: %(default)s)")
+    g.add_argument("--share-device", type=positive_int, default=1, metavar="N",
                    help="N processes measure at once on the one device, as the fleet stand-in's ranks share "
                         "its GPU (default: 1, a Mac alone)")
-    g.add_argument("--img-size", type=_positive_int, default=224)
-    g.add_argument("--patch-size", type=_positive_int, help="ViT patch size (default: the model's)")
-    g.add_argument("--depth", type=_positive_int, help="number of blocks (default: the model's)")
-    g.add_argument("--num-classes", type=_positive_int, default=1000)
+    g.add_argument("--img-size", type=positive_int, default=224)
+    g.add_argument("--patch-size", type=positive_int, help="ViT patch size (default: the model's)")
+    g.add_argument("--depth", type=positive_int, help="number of blocks (default: the model's)")
+    g.add_argument("--num-classes", type=positive_int, default=1000)
     g.add_argument("--init-args", type=_json_object, default={}, help="JSON keyword arguments for module:Class")
     g.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd", help="(default: %(default)s)")
     g.add_argument("--powersgd-ranks", type=_ranks, default=[1, 4], help="PowerSGD ranks to time (default: 1,4)")
     g.add_argument("--compute-scale", type=_positive_float, default=1.0,
                    help="multiply the profile's times by this (another device; an assumption; default: 1)")
     g = parser.add_argument_group("the fleet")
-    g.add_argument("--rate", type=_rate, default=parse_rate("10gbit"), help="link rate, tc style (default: 10gbit)")
-    g.add_argument("--goodput", type=parse_goodput,
+    g.add_argument("--rate", type=rate, default=parse_rate("10gbit"), help="link rate, tc style (default: 10gbit)")
+    g.add_argument("--goodput", type=goodput,
                    help="TCP payload rate of a link, as `mccl doctor` measures it (default: the rate's line-rate "
                         "goodput with 1500-byte frames, 0.956 of it)")
     g.add_argument("--op-latency-us", type=_micros, default=OP_LATENCY_S,
@@ -167,18 +121,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--first-bucket-mb", type=_positive_float,
                    help="DDP's first bucket (default: --bucket-mb; DDP's own defaults are --bucket-mb 25 "
                         "--first-bucket-mb 1)")
-    g.add_argument("--powersgd-rank", type=_positive_int, default=s.powersgd_rank, help="(default: %(default)s)")
+    g.add_argument("--powersgd-rank", type=positive_int, default=s.powersgd_rank, help="(default: %(default)s)")
     g.add_argument("--powersgd-bucket-mb", type=_positive_float, default=s.powersgd_bucket_mb,
                    help="(default: %(default)g: one bucket)")
     g.add_argument("--int8-bucket-mb", type=_positive_float, default=s.int8_bucket_mb,
                    help="bucket_cap_mb with compress='int8' (default: %(default)g)")
-    g.add_argument("--sync-every", type=_positive_int, default=s.sync_every, metavar="H",
+    g.add_argument("--sync-every", type=positive_int, default=s.sync_every, metavar="H",
                    help="DiLoCo's inner steps per outer sync (default: %(default)s)")
-    g.add_argument("--sync-delay", type=_positive_int, default=s.sync_delay, metavar="TAU",
+    g.add_argument("--sync-delay", type=positive_int, default=s.sync_delay, metavar="TAU",
                    help="DiLoCo's steps between a round's end and its outer step (default: %(default)s)")
     g.add_argument("--diloco-wire", choices=DILOCO_WIRES, default=s.diloco_wire,
                    help="DiLoCo's pseudo-gradient on the wire, its compress= (default: %(default)s)")
-    g.add_argument("--int8-codec", type=parse_goodput,
+    g.add_argument("--int8-codec", type=goodput,
                    help="the engine's int8 codec rate, wire bytes (default: as fast as the link)")
 
 

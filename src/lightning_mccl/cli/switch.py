@@ -20,7 +20,8 @@ from rich.table import Table
 from ..switch import (DEFAULT_CONGESTION, DEFAULT_TAG, SwitchError, SwitchFleet, measure_goodput, privilege_problem,
                       rates)
 from ..switch import state as switch_state
-from .console import make_log, stderr_console, stdout_console
+from ..tables import stdout_console
+from .console import make_log, stderr_console
 
 EPILOG = """\
 hosts are Linux network namespaces mccl-TAG-hI with one interface `mccl0` (10.213.K.I+1/24) plugged into

@@ -45,8 +45,8 @@ from lightning.pytorch.utilities.data import extract_batch_size
 
 from ..counters import mccl_backend, totals
 from ..rendezvous import launcher_hosts
-from .straggler import (DEFAULT_PATIENCE, DEFAULT_THRESHOLD, SUMMARY_MARKER_ENV, RankWindow, StragglerReport,
-                        summary_text)
+from ..straggler import (DEFAULT_PATIENCE, DEFAULT_THRESHOLD, SUMMARY_MARKER_ENV, RankWindow, StragglerReport,
+                         summary_text)
 
 PREFIX = "comm/"
 HOST_BYTES = 64

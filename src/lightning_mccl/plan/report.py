@@ -7,7 +7,7 @@ import os
 from dataclasses import asdict
 from typing import Dict, List, Optional, Sequence
 
-from ..cli.console import markdown_table
+from ..tables import markdown_table
 from .predict import Prediction
 
 CELL = "each cell: step ms, samples/s, efficiency, speed-up over one Mac"

@@ -54,10 +54,10 @@ def commands_for(system, ifname, master, executable):
 
 
 def _host_net():
-    """lightning_mccl.cli.host_net from the ranks' Python; None without lightning-mccl there (doctor then says
+    """lightning_mccl.launcher.host_net from the ranks' Python; None without lightning-mccl there (doctor then says
     it is not installed, and measures nothing)."""
     try:
-        from lightning_mccl.cli import host_net
+        from lightning_mccl.launcher import host_net
     except ImportError:
         return None
     return host_net

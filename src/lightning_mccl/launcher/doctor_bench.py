@@ -1,6 +1,6 @@
 """The measurement `mccl doctor` runs on the fleet, one rank per host, through the launcher:
 
-    python -m lightning_mccl.cli.doctor_bench --size-mib 16      # with torchrun's environment variables
+    python -m lightning_mccl.launcher.doctor_bench --size-mib 16      # with torchrun's environment variables
 
 Over the `mccl` backend, after `lightning_mccl.rendezvous` (torchrun's variables; it names the ranks that
 did not arrive, and ends at --pg-timeout with a RendezvousError, one line on stderr), for every pair of
@@ -134,7 +134,7 @@ def measure(size_bytes: int, iters: int, latency_iters: int) -> Optional[dict]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lightning_mccl.cli.doctor_bench")
+    parser = argparse.ArgumentParser(prog="python -m lightning_mccl.launcher.doctor_bench")
     parser.add_argument("--size-mib", type=float, default=16.0)
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--latency-iters", type=int, default=50)

@@ -1,6 +1,6 @@
 """Stragglers: which rank holds the fleet back, by how much, and what batch sizes would even it out.
 
-`CommMetrics` (comm_metrics.py) gathers one `RankWindow` per rank every N steps (one small allgather) and
+`CommMetrics` (lightning/comm_metrics.py) gathers one `RankWindow` per rank every N steps (one small allgather) and
 feeds them to a `StragglerReport`:
 
 - a rank whose compute time per step (its step time minus the time it waited for communication) is more
@@ -79,7 +79,7 @@ class StragglerReport:
         return (f"mccl: straggler: host {w.host} (rank {w.rank}) computes {mine / median:.2f}x as long per step as"
                 f" the median rank ({mine:.3f} s vs {median:.3f} s, over the last {steps} steps); every other rank"
                 f" waits for it. On a mixed fleet, give it a smaller batch"
-                f" (lightning_mccl.lightning.straggler.propose_batch_sizes).")
+                f" (lightning_mccl.straggler.propose_batch_sizes).")
 
     def slowest_rank(self) -> Optional[dict]:
         """The rank with the highest median compute time per step, with its factor over the median rank's."""

@@ -15,8 +15,10 @@ remote one at the end of an ``ssh`` connection) it starts this small, stdlib-onl
 - reads control lines from stdin: ``INT``, ``TERM``, ``KILL`` send that signal to the whole process group;
 - on end of file of stdin (the launcher died, or its ``ssh`` connection dropped) sends SIGTERM to the
   group and SIGKILL ``grace`` seconds later, so no rank outlives its launcher;
-- with MCCL_CAFFEINATE ``on`` (or ``auto`` on macOS) in the rank's environment, runs ``caffeinate -dims -w
-  PID`` beside the command, so the Mac stays awake (display, idle, disk, system) until the command exits;
+- with MCCL_CAFFEINATE ``on`` (or ``auto`` on macOS) in the rank's environment, runs ``caffeinate -ims -w
+  PID`` beside the command, so the Mac does not idle-, system- or disk-sleep until the command exits; not
+  ``-d``: a display kept awake is what sets off macOS 26's GPU watchdog ("Impacting Interactivity") under
+  sustained Metal work, so the display may sleep;
 - when the command exits, kills whatever it left behind in its process group (an orphan holding the
   output pipe open would keep ``ssh`` from ever returning) and exits with the command's exit code
   (128 + N for a command killed by signal N, as shells report it).
@@ -41,6 +43,8 @@ import subprocess
 import sys
 import threading
 
+# caffeinate's assertions: no idle (-i), disk (-m) or system (-s) sleep; never -d (see the module docstring).
+CAFFEINATE_FLAGS = ("-ims",)
 # The control lines the launcher writes to a rank's stdin, and the signals they send to the rank.
 CONTROL_SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 
@@ -64,7 +68,7 @@ def _say(label, message):
 
 
 def _caffeinate(mode, pid, env, label):
-    """`caffeinate -dims -w pid` (macOS's keep-awake tool, stopping by itself when `pid` exits), or None."""
+    """`caffeinate -ims -w pid` (macOS's keep-awake tool, stopping by itself when `pid` exits), or None."""
     if mode == "off" or (mode != "on" and sys.platform != "darwin"):
         return None
     path = shutil.which("caffeinate", path=env.get("PATH"))
@@ -72,7 +76,7 @@ def _caffeinate(mode, pid, env, label):
         _say(label, "caffeinate not found: this host may sleep during the job (see pmset)")
         return None
     try:
-        return subprocess.Popen([path, "-dims", "-w", str(pid)], stdin=subprocess.DEVNULL,
+        return subprocess.Popen([path, *CAFFEINATE_FLAGS, "-w", str(pid)], stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except OSError as e:
         _say(label, "cannot start caffeinate: %s" % e)
@@ -87,9 +91,9 @@ def _signal_group(pgid, sig):
 
 
 def _gloo_interface(env):
-    """GLOO_SOCKET_IFNAME for a rank with environment `env` (lightning_mccl.cli.host_net), or None."""
+    """GLOO_SOCKET_IFNAME for a rank with environment `env` (lightning_mccl.launcher.host_net), or None."""
     try:
-        from lightning_mccl.cli.host_net import gloo_interface
+        from lightning_mccl.launcher.host_net import gloo_interface
     except ImportError:  # the rank's Python has no lightning-mccl (or an older one)
         return None
     return gloo_interface(env)

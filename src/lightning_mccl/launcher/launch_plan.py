@@ -1,7 +1,8 @@
 """Where and how every rank of `mccl launch` (and `mccl doctor`) runs: the `LaunchPlan` (the hosts, the
 command, the rendezvous port, each rank's environment and the argv that starts it: the rank shim, reached
-over ssh or inside a network namespace) and the plans for ``--local``, ``--switch`` and ``--hostfile``.
-What the launcher does with a plan is described in `launch`."""
+over ssh or inside a network namespace) and the plans for ``--local``, ``--switch`` and ``--hostfile``
+(`fleet_plan` picks one, as the commands' options say). What the launcher does with a plan is described in
+`job`; `supervisor` runs it."""
 from __future__ import annotations
 
 import base64
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from ..hostfile import Host, Hostfile
+from ..hostfile import Host, Hostfile, check_addresses, load_hostfile
 from ..switch.netns import exec_argv as netns_exec_argv
 from . import rank_shim
 from .rank_process import RankSpec
@@ -28,7 +29,6 @@ LOCAL_HOST_NAME = "local"
 PER_HOST_VARS = ("MCCL_SOCKET_IFNAME", "MCCL_NODE_RANK", "MCCL_RESTART_COUNT", "MCCL_MAX_RESTARTS")
 # `python -c` program that runs the rank shim's source, passed (base64) as its first argument.
 SHIM_BOOTSTRAP = "import base64,sys;exec(base64.b64decode(sys.argv[1]))"
-_SHIM_SOURCE_B64 = base64.b64encode(Path(rank_shim.__file__).read_bytes()).decode("ascii")
 _PYTHON_WORD = re.compile(r"python(3(\.\d+)?)?")
 
 
@@ -37,17 +37,21 @@ class LaunchError(ValueError):
 
 
 def free_port(addr: str = LOCAL_ADDR) -> int:
-    """A TCP port on `addr` that was free a moment ago (the small race is accepted)."""
+    """A TCP port on `addr` that was free a moment ago (the small race is accepted): the launcher's ``--local``
+    rendezvous, and every test's and benchmark's."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((addr, 0))
         return s.getsockname()[1]
 
 
-def shim_argv(python: str) -> List[str]:
-    """The argv that starts the rank shim with `python`. It holds only the shim's own source: the rank's
-    spec (its command and environment, MCCL_AUTH_SECRET included) goes to the shim's stdin (`shim_input`),
-    never on a command line that `ps` shows to every user of the launching Mac and of the host."""
-    return [python, "-c", SHIM_BOOTSTRAP, _SHIM_SOURCE_B64]
+def shim_argv(python: str, source_b64: Optional[str] = None) -> List[str]:
+    """The argv that starts the rank shim with `python`. It holds only the shim's own source (base64; read
+    from its file unless given): the rank's spec (its command and environment, MCCL_AUTH_SECRET included)
+    goes to the shim's stdin (`shim_input`), never on a command line that `ps` shows to every user of the
+    launching Mac and of the host."""
+    if source_b64 is None:
+        source_b64 = base64.b64encode(Path(rank_shim.__file__).read_bytes()).decode("ascii")
+    return [python, "-c", SHIM_BOOTSTRAP, source_b64]
 
 
 def shim_input(*, argv: Sequence[str], cwd: Optional[str], env: Mapping[str, str], label: str,
@@ -146,12 +150,13 @@ class LaunchPlan:
 
     def rank_specs(self, base_env: Optional[Mapping[str, str]] = None) -> List[RankSpec]:
         specs = []
+        shim = shim_argv(self.python)
         for node_rank, host in enumerate(self.hosts):
             for local_rank in range(self.nproc_per_node):
                 rank = node_rank * self.nproc_per_node + local_rank
                 spec = shim_input(argv=self.command, cwd=self.cwd, label=f"{host.name} r{rank}",
                                   env=self.rank_env(node_rank, local_rank, base_env), grace=self.grace)
-                argv = shim_argv(self.python)
+                argv = shim
                 if self.ssh is not None:
                     argv = ssh_argv(self.ssh, host.name, argv)
                 elif self.netns is not None:
@@ -220,3 +225,37 @@ def hostfile_plan(hostfile: Hostfile, command: Sequence[str], *, ssh: Sequence[s
         raise LaunchError("--ssh is empty: give the ssh command, e.g. --ssh 'ssh -o BatchMode=yes'")
     return LaunchPlan(hosts=tuple(hostfile.hosts), command=tuple(command), ssh=tuple(ssh),
                       master_port=master_port or hostfile.master_port, **kwargs)
+
+
+def fleet_plan(command: Sequence[str], *, local: Optional[int] = None, switch: Optional[str] = None,
+               hostfile: Optional[str] = None, nproc_per_node: Optional[int] = None, ssh: str = DEFAULT_SSH,
+               python: str = sys.executable, chdir: Optional[str] = None, master_port: Optional[int] = None,
+               grace: float = DEFAULT_GRACE_S, env: Optional[Mapping[str, str]] = None) -> LaunchPlan:
+    """The plan for one of `local` (N), `switch` (a tag) or `hostfile` (a path), as `mccl launch` and `mccl
+    doctor` take them. `nproc_per_node`: ranks per host (None: 1 per host, and ``local=N`` is one node of N
+    ranks, as ``torchrun --nproc-per-node N``; with P given, N nodes of P ranks each). `ssh`: the ssh command
+    as one string; `chdir`: every rank's working directory (default: this one). Raises LaunchError (or
+    HostfileError, also for a host whose addr is neither an IP address nor a name that resolves:
+    `hostfile.check_addresses`)."""
+    cwd = os.path.abspath(chdir) if chdir else os.getcwd()
+    common = dict(nproc_per_node=nproc_per_node or 1, python=python, cwd=cwd, env=dict(env or {}), grace=grace,
+                  master_port=master_port)
+    if local is not None or switch is not None:
+        if not os.path.isdir(cwd):
+            raise LaunchError(f"--chdir {chdir}: no such directory")
+        if local is not None:
+            nodes = 1 if nproc_per_node is None else local
+            return local_plan(nodes, command, **{**common, "nproc_per_node": nproc_per_node or local})
+        from ..switch import SwitchError, SwitchFleet
+
+        try:
+            return switch_plan(SwitchFleet.attach(switch), command, **common)
+        except (SwitchError, ValueError) as e:
+            raise LaunchError(f"--switch {switch}: {e}") from None
+    try:
+        ssh_words = shlex.split(ssh)
+    except ValueError as e:
+        raise LaunchError(f"--ssh {ssh!r}: {e}") from None
+    loaded = load_hostfile(hostfile)
+    check_addresses(loaded)
+    return hostfile_plan(loaded, command, ssh=ssh_words, **common)

@@ -13,7 +13,7 @@ with MCCL_DEBUG=INFO (or TRACE) in the launcher's environment nothing is.
 
 The `Supervisor` calls `begin_stop(failed)` when it forwards a signal (failed: None) or stops the others
 after the rank `failed` failed, and `rank_stopped(spec, code)` when a rank it had asked to stop exits (see
-`supervise`); every other call goes to the wrapped output.
+`supervisor`); every other call goes to the wrapped output.
 """
 from __future__ import annotations
 
@@ -52,6 +52,11 @@ class QuietStop(OutputStage):
         self._withheld[spec.rank] = self._withheld.get(spec.rank, 0) + 1
         if self._failed is not None:
             self._tails.setdefault(spec.rank, deque(maxlen=TAIL_LINES)).append(text)
+
+    def update(self, spec, text: str) -> None:
+        """A progress bar's redraw (`progress`): dropped, like a line, once the stop began."""
+        if not self._quiet or (self._failed is not None and spec.rank == self._failed.rank):
+            self.forward("update", spec, text)
 
     def rank_stopped(self, spec, code: Optional[int]) -> None:
         if not self._quiet:

@@ -1,10 +1,12 @@
-"""Process supervision shared by `mccl launch --local`, `mccl launch --hostfile` (over ssh) and `mccl doctor`.
+"""Process supervision shared by `mccl launch --local`, `mccl launch --hostfile` (over ssh), `mccl doctor` and
+the benchmarks (`supervise(plan)` runs a `LaunchPlan`).
 
 A `Supervisor` starts one local process per rank (the rank shim itself for ``--local``, an ``ssh`` client
 running the shim on the remote host otherwise: only the argv differs), and then, in one loop:
 
 - streams each rank's output (stdout and stderr merged, in order) line by line, prefixed with
-  ``[host rN]``, to this process's stdout;
+  ``[host rN]``, to this process's stdout, and a progress bar's redraws (pieces ended by a carriage return)
+  to the output's `update` (see `progress`);
 - notices the first rank that exits with a non-zero code and stops all the others (``fail_fast``);
 - on SIGINT / SIGTERM / SIGHUP sends INT (for SIGINT) or TERM to every rank; a second signal kills them;
 - escalates to KILL when ranks are still running ``grace`` seconds after being asked to stop;
@@ -15,7 +17,7 @@ Ranks are controlled only through their stdin (see `rank_shim`): the launcher wr
 rank's local process runs in its own session, so a Ctrl-C typed in the terminal reaches only the launcher,
 which forwards it once, to every rank alike.
 
-`run` starts from scratch each time it is called: `mccl launch --max-restarts` calls it again (with a new
+`run` starts from scratch each time it is called: a job with restarts (`job`) calls it again (with a new
 set of ranks) after a failure. `_on_exit` sees every rank exit in the order they happen.
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence
 
 from .prefixed_output import PrefixedOutput
-from .rank_process import RankSpec, _Rank
+from .rank_process import RankSpec, RankProcess
 
 
 @dataclass(frozen=True)
@@ -89,11 +91,11 @@ class Supervisor:
     # -- the loop ------------------------------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        self._ranks = [_Rank(s) for s in self.specs]
+        self._ranks = [RankProcess(s) for s in self.specs]
         self._selector = selectors.DefaultSelector()
         self._signals: List[int] = []
         self._signal: Optional[int] = None
-        self._failure: Optional[_Rank] = None
+        self._failure: Optional[RankProcess] = None
         self._start_error: Optional[int] = None
         self._timed_out = False
         self._stop_reason: Optional[str] = None
@@ -134,14 +136,13 @@ class Supervisor:
 
     def _pump(self, timeout: float) -> None:
         for key, _ in self._selector.select(timeout):
-            r: _Rank = key.data
+            r: RankProcess = key.data
             try:
                 data = os.read(key.fd, 1 << 16)
             except OSError:
                 data = b""
             if data:
-                for text in r.split(data):
-                    self.output.line(r.spec, text)
+                self._emit(r, r.split_marked(data))
                 continue
             self._close_output(r)
             # End of output: the rank's local process is exiting. Collecting it here, in the order the
@@ -150,11 +151,29 @@ class Supervisor:
                 self._on_exit(r)
         self._flush()
 
-    def _close_output(self, r: _Rank) -> None:
+    def _emit(self, r: RankProcess, pieces) -> None:
+        """A rank's lines to output.line; its redraws (progress bars) to output.update when the output has
+        one (else they are lines), the one still being written included, each new state once."""
+        update = getattr(self.output, "update", None)
+        for text, redraw in pieces:
+            if redraw and update is not None:
+                if text != r.last_update:
+                    update(r.spec, text)
+                r.last_update = text
+            else:
+                if r.last_update and text.startswith(r.last_update) and text != r.last_update:
+                    text = text[len(r.last_update):]  # a redraw being written, then someone else's write
+                self.output.line(r.spec, text)
+                r.last_update = None
+        tail = r.pending_redraw() if update is not None else None
+        if tail is not None and tail != r.last_update:
+            update(r.spec, tail)
+            r.last_update = tail
+
+    def _close_output(self, r: RankProcess) -> None:
         if not r.reading:
             return
-        for text in r.split(b"", final=True):
-            self.output.line(r.spec, text)
+        self._emit(r, r.split_marked(b"", final=True))
         self._selector.unregister(r.proc.stdout)
         r.proc.stdout.close()
         r.reading = False
@@ -164,7 +183,7 @@ class Supervisor:
             if r.running and r.poll() is not None:
                 self._on_exit(r)
 
-    def _on_exit(self, r: _Rank) -> None:
+    def _on_exit(self, r: RankProcess) -> None:
         """Called once per rank exit, in the order the exits were seen."""
         r.close_control()
         code = r.code
@@ -284,6 +303,12 @@ class Supervisor:
         finally:
             for signum, handler in saved.items():
                 signal.signal(signum, handler)
+
+
+def supervise(plan, *, log: Optional[Callable[[str], None]] = None, **kwargs) -> Outcome:
+    """Runs every rank of `plan` (a `LaunchPlan`) under a Supervisor with the plan's grace and exit hints;
+    kwargs: output, fail_fast, timeout."""
+    return Supervisor(plan.rank_specs(), log=log, grace=plan.grace, explain_exit=plan.explain_exit, **kwargs).run()
 
 
 def _stderr_log(message: str) -> None:

@@ -2,7 +2,7 @@
 
 N ranks that fail alike at start-up (a typo in the config, a missing file) each print the same error, and
 LightningCLI's 80 lines of usage before it: N interleaved copies, with the one useful line lost among them.
-`SameLines` sits in the launcher's output (see `supervise`): a rank's line is shown as it comes unless
+`SameLines` sits in the launcher's output (see `supervisor`): a rank's line is shown as it comes unless
 another rank has already shown the same text more often than this rank has printed it so far; such a
 copy is held back and counted. When the rank next shows a line of its own, or exits, one line says how
 many of its lines were held back and whose copy was shown (`note` passes the launcher's own lines about a
