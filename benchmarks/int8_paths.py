@@ -61,7 +61,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from lightning_mccl import _C
+    from lightning_mccl.backend import extension as _C
 
     torch.set_num_threads(1)
     rows = []

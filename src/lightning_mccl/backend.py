@@ -13,6 +13,9 @@ from . import _C, metal
 from .options import settings_of
 
 ProcessGroupMCCL = _C.ProcessGroupMCCL
+# The compiled extension itself, for what reads the engine's internals through it: its settings table, the
+# codecs' and Metal arithmetic's reference builds, the reduction path, the interfaces (tests, tools, the doctor).
+extension = _C
 
 BACKEND_NAME = "mccl"
 DEVICES = ["cpu", "cuda", "mps"]

@@ -27,9 +27,9 @@ def _kernels():
 
 
 def _cases(count, seed):
-    from test_int8_codec import _values  # the same cases as the device codec's tests
+    from test_int8_codec import codec_cases  # the same cases as the device codec's tests
 
-    return torch.from_numpy(_values(count, seed))
+    return torch.from_numpy(codec_cases(count, seed))
 
 
 def _same_or_flushed(got, want):
@@ -42,7 +42,7 @@ def _same_or_flushed(got, want):
 
 @pytest.mark.parametrize("count", SIZES)
 def test_encode_and_decode_give_the_engines_bits(count):
-    from lightning_mccl import _C
+    from lightning_mccl.backend import extension as _C
 
     k, mps = _kernels(), torch.device("mps")
     x = _cases(count, count)
@@ -67,7 +67,7 @@ def test_encode_and_decode_give_the_engines_bits(count):
 
 
 def test_the_diloco_kernels_give_their_arithmetics_bits():
-    from lightning_mccl import _C
+    from lightning_mccl.backend import extension as _C
 
     k, mps = _kernels(), torch.device("mps")
     g = torch.Generator().manual_seed(3)

@@ -24,7 +24,7 @@ def _values(rank, count, salt=0):
 
 def mps_in_place(rank, world):
     import torch.distributed as dist
-    from lightning_mccl import _C
+    from lightning_mccl.backend import extension as _C
 
     dev = torch.device("mps")
     res = {"built": _C.mps_mapping_built()}

@@ -23,7 +23,7 @@ class StandInLibrary:
     def __getattr__(self, name: str):
         if name not in KERNELS:
             raise AttributeError(f"the stand-in library has no kernel {name!r}")
-        from lightning_mccl import _C
+        from lightning_mccl.backend import extension as _C
 
         def launch(*args, threads=None, group_size=None):
             assert threads is not None, f"{name}: the caller gives the threads"

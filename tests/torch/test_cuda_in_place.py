@@ -51,7 +51,7 @@ def host_visible(count, dtype=torch.float32):
 
 def in_place(rank, world):
     import torch.distributed as dist
-    from lightning_mccl import _C
+    from lightning_mccl.backend import extension as _C
 
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)

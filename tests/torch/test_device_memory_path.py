@@ -16,7 +16,7 @@ from lightning_mccl.testing import run_ranks
 
 def paths_and_buffers(rank, world):
     import torch.distributed as dist
-    from lightning_mccl import _C
+    from lightning_mccl.backend import extension as _C
 
     res = {"built": _C.mps_mapping_built(), "cpu": list(_C.device_memory_path(torch.zeros(4))),
            "cpu_strided": list(_C.device_memory_path(torch.zeros(4, 4).t()))}

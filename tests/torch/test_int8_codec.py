@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_mccl import _C
+from lightning_mccl.backend import extension as _C
 
 SIZES = [1, 255, 256, 257, 5000, 70001]
 
@@ -23,7 +23,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not _cuda(), rea
                                                                                      "runs it)"))]
 
 
-def _values(count: int, seed: int) -> np.ndarray:
+def codec_cases(count: int, seed: int) -> np.ndarray:
     """Block magnitudes over 2^-140..2^120; blocks whose largest magnitude is 126 times a 17-bit float, or a float
     either side of that (where a rounded quotient and the exact one part); and every special value the format
     has a rule for."""
@@ -50,7 +50,7 @@ def _bits(t: torch.Tensor) -> np.ndarray:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("count", SIZES)
 def test_torch_ops_encode_and_decode_as_the_engine_does(count, device):
-    x = torch.from_numpy(_values(count, count))
+    x = torch.from_numpy(codec_cases(count, count))
     wire = _C.int8_encode(x, engine=True)
     on_device = _C.int8_encode(x.to(device))
     assert on_device.device.type == device and on_device.numel() == wire.numel()
@@ -66,8 +66,8 @@ def test_torch_ops_encode_and_decode_as_the_engine_does(count, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("count", [257, 70001, 65536])
 def test_error_feedback_leaves_the_same_residual(count, device):
-    x = torch.from_numpy(_values(count, 7 + count))
-    residual = torch.from_numpy(_values(count, 8 + count)) * 1e-3
+    x = torch.from_numpy(codec_cases(count, 7 + count))
+    residual = torch.from_numpy(codec_cases(count, 8 + count)) * 1e-3
     kept = residual.clone()
     wire = _C.int8_encode(x, kept, engine=True)
     on_device = residual.clone().to(device)
@@ -86,8 +86,8 @@ def test_the_metal_kernels_arithmetic_encodes_and_decodes_as_the_device_codec(co
     checks the same header against the engine)."""
     from lightning_mccl import metal
 
-    x = torch.from_numpy(_values(count, count))
-    residual = torch.from_numpy(_values(count, 8 + count)) * 1e-3
+    x = torch.from_numpy(codec_cases(count, count))
+    residual = torch.from_numpy(codec_cases(count, 8 + count)) * 1e-3
     blocks = torch.empty((count + metal.BLOCK - 1) // metal.BLOCK * metal.ROW, dtype=torch.uint8)
     kept = residual.clone()
     _C.metal_reference.int8_encode(x, kept, blocks, count, 1)

@@ -19,26 +19,6 @@ from typing import Iterator, List, Optional, Tuple
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 FOLDERS = ("src", "tests", "benchmarks")
-# Private imports that wait for a public name in files another change owns: the one file of import-time
-# effects and the backend's public names (the Lightning layer's _C/_backend/_stats/_after_import, the tests
-# and benchmarks that reach the binding through _C, _backend or _stats), and plan/measure.py's _combine.
-PENDING = {
-    "src/lightning_mccl/lightning/__init__.py": {"lightning_mccl._after_import"},
-    "src/lightning_mccl/lightning/comm_metrics.py": {"lightning_mccl._stats"},
-    "src/lightning_mccl/lightning/compress.py": {"lightning_mccl._C"},
-    "src/lightning_mccl/lightning/group.py": {"lightning_mccl._backend"},
-    "src/lightning_mccl/launcher/doctor_reduction.py": {"lightning_mccl._C"},
-    "tests/lightning/test_strategy_arguments.py": {"lightning_mccl._backend"},
-    "tests/macos/test_mps_memory.py": {"lightning_mccl._C"},
-    "tests/torch/test_cuda_in_place.py": {"lightning_mccl._C"},
-    "tests/torch/test_device_memory_path.py": {"lightning_mccl._C"},
-    "tests/torch/test_group_settings.py": {"lightning_mccl._backend"},
-    "tests/torch/test_int8_codec.py": {"lightning_mccl._C"},
-    "tests/torch/test_stats.py": {"lightning_mccl._stats", "lightning_mccl._backend"},
-    "tests/unit/test_plan_profile.py": {"lightning_mccl.plan.measure._combine"},
-    "tests/unit/test_settings_docs.py": {"lightning_mccl._C"},
-    "benchmarks/int8_paths.py": {"lightning_mccl._C"},
-}
 
 
 def _python_files() -> Iterator[Path]:
@@ -142,8 +122,7 @@ def test_no_private_name_is_imported_from_another_module():
                 if is_module and owner == package:
                     continue  # a package's own private module, used inside that package
                 bad = ".".join(parts[:i + 1])
-                if bad not in PENDING.get(rel, ()):
-                    found.append(f"{rel}:{line}: {bad}")
+                found.append(f"{rel}:{line}: {bad}")
                 break
     assert not found, "private names imported across modules or packages:\n" + "\n".join(found)
 

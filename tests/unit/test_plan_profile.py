@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lightning_mccl.plan.buckets import MIB, assign  # noqa: E402
-from lightning_mccl.plan.measure import MeasureError, MeasureSpec, _combine, measure  # noqa: E402
+from lightning_mccl.plan.measure import MeasureError, MeasureSpec, combine, measure  # noqa: E402
 from lightning_mccl.plan.models import ModelError, ModelSpec  # noqa: E402
 
 MODEL = '''
@@ -98,7 +98,7 @@ def test_a_model_without_example_input_is_named(tiny):
         measure(spec(ModelSpec("plan_tiny_model:Tiny", init_args={"depth": 3})))
 
 
-def test_shared_runs_combine_as_the_latest_process_then_the_median_step():
+def test_shared_runscombine_as_the_latest_process_then_the_median_step():
     def run(steps, ready_b, ready_a, kernel):
         return {"steps": [{"forward": 0.1, "backward": s - 0.02, "step": s, "order": ["b", "a"],
                            "ready": {"b": rb, "a": ra}} for s, rb, ra in zip(steps, ready_b, ready_a)],
@@ -109,7 +109,7 @@ def test_shared_runs_combine_as_the_latest_process_then_the_median_step():
 
     runs = [run([0.30, 0.40, 0.31], [0.15, 0.20, 0.16], [0.25, 0.30, 0.26], [1e-9, 5e-9]),
             run([0.32, 0.33, 0.50], [0.17, 0.14, 0.30], [0.27, 0.28, 0.45], [2e-9, 3e-9])]
-    prof = _combine(MeasureSpec(ModelSpec("m"), 4, "cpu", steps=3, kernel_repeats=2, powersgd_ranks=(1,)), runs)
+    prof = combine(MeasureSpec(ModelSpec("m"), 4, "cpu", steps=3, kernel_repeats=2, powersgd_ranks=(1,)), runs)
     # per step the later process: steps 0.32, 0.40, 0.50 -> median 0.40; b ready 0.17, 0.20, 0.30 -> 0.20
     assert prof.step_s == pytest.approx(0.40) and prof.backward_s == pytest.approx(0.38)
     assert [(p.name, p.shape, p.ready_s) for p in prof.params] == [("b", (4,), pytest.approx(0.20)),

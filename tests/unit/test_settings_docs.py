@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _declared() -> dict:
-    from lightning_mccl import _C
+    from lightning_mccl.backend import extension as _C
 
     return {v["name"]: v for v in _C.variables()}
 

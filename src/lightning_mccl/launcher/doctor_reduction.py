@@ -20,7 +20,7 @@ from rich.table import Table
 
 
 def cpu_vector_path() -> str:
-    from lightning_mccl import _C
+    from lightning_mccl.backend import extension as _C
 
     fn = getattr(_C, "reduce_vector_path", None)
     return fn() if fn is not None else "unknown (this build of lightning_mccl._C does not report it)"
@@ -39,7 +39,7 @@ def mps_probe():
 def mps_path() -> str:
     import torch
 
-    from lightning_mccl import _C
+    from lightning_mccl.backend import extension as _C
 
     if not torch.backends.mps.is_available():
         return "no MPS device"

@@ -152,7 +152,7 @@ def self_test(kernels: Kernels) -> Optional[str]:
     """None when every kernel gives the CPU's bits on a small buffer (_test_values), else what differed first:
     the encoding (with and without error feedback), the residual and the decoding against the engine's codec;
     decode-and-add and DiLoCo's kernels against their arithmetic's C++ build (_C.metal_reference)."""
-    from .. import _C
+    from ..backend import extension as _C
 
     ref = _C.metal_reference
     device = torch.device(kernels.device_type)

@@ -54,7 +54,7 @@ def measure(spec: MeasureSpec, log: Callable[[str], None] = lambda m: None) -> P
     log(f"profiling {spec.model.name}, batch {spec.batch}, on {spec.device}{sharing}: {spec.warmup} warm-up + "
         f"{spec.steps} timed steps, then the methods' device work")
     runs = [run_steps(spec, lambda: None)] if spec.share_device == 1 else _shared(spec)
-    return _combine(spec, runs)
+    return combine(spec, runs)
 
 
 def run_steps(spec: MeasureSpec, wait: Callable[[], None]) -> dict:
@@ -168,7 +168,7 @@ def _shared(spec: MeasureSpec) -> List[dict]:
     return runs
 
 
-def _combine(spec: MeasureSpec, runs: List[dict]) -> Profile:
+def combine(spec: MeasureSpec, runs: List[dict]) -> Profile:
     """One profile from the processes' runs: per step (or repeat) the latest over the processes, then the
     median over the steps."""
     def step_time(key: str, name: Optional[str] = None) -> float:
