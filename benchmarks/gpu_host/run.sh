@@ -30,7 +30,7 @@
 #   ops8            allreduce_int8 against float32 and bf16 on the wire, all-to-all and reduce-scatter, 8 hosts
 #   int8algo        the 8-bit allreduce's two algorithms (MCCL_INT8_ALGO: exchange, ring; docs/int8.md): the
 #                   collective on HOSTS hosts (8 4, SIZES 1M,4M,16M,64M,256M), then the stand-in at 8 hosts,
-#                   BATCH (8), DDP's 25 MB buckets, each against Gloo + the bf16 hook
+#                   BATCH (8), DDP's 25 MB buckets, each against mccl and Gloo with the bf16 hook
 #   tunables        the ring's settings at DDP's bucket sizes, 8 hosts
 #   profile         every thread's CPU while the stand-in trains (thread_cpu.py)
 #   congestion      allreduce under each TCP congestion control the kernel has (root; restores it)
@@ -139,7 +139,7 @@ for experiment in "$@"; do
         --series mccl:MCCL_INT8_ALGO=exchange:label=exchange,mccl:MCCL_INT8_ALGO=ring:label=ring
     done
     py 330 $F --hosts 8 --steps ${STEPS:-12} --batch ${BATCH:-8} --timeout $(T 330) --out "$R/int8algo_fleet8_b${BATCH:-8}" \
-      --series compute,mccl+int8:bucket=25:MCCL_INT8_ALGO=exchange:label=int8-exchange,mccl+int8:bucket=25:MCCL_INT8_ALGO=ring:label=int8-ring,gloo+bf16_hook:label=gloo-bf16 ;;
+      --series compute,mccl+int8:bucket=25:MCCL_INT8_ALGO=exchange:label=int8-exchange,mccl+int8:bucket=25:MCCL_INT8_ALGO=ring:label=int8-ring,mccl+bf16_hook:bucket=5:label=mccl-bf16,gloo+bf16_hook:label=gloo-bf16 ;;
   tunables)
     py 200 $A --hosts 8 --sizes 4M,16M,32M,64M --baseline mccl --timeout $(T 200) --out "$R/tunables_8hosts" --series \
 mccl,mccl:MCCL_CHUNK_BYTES=256K:label=chunk256K,mccl:MCCL_CHUNK_BYTES=1M:label=chunk1M,mccl:MCCL_CHUNK_BYTES=2M:label=chunk2M,\
