@@ -7,7 +7,7 @@ The names below load torch on first use; `lightning_mccl.diloco.settings` alone 
 """
 from __future__ import annotations
 
-import importlib
+from .. import lazy
 
 from .settings import OUTER_LR, OUTER_MOMENTUM, SYNC_EVERY, check_settings
 
@@ -16,13 +16,4 @@ _LAZY = {"DiLoCo": "outer", "LOCAL_KEYS": "outer", "OuterOptimizer": "outer", "d
          "Int8Mean": "averaging", "averaging_for": "averaging", "outer_group": "averaging"}
 
 __all__ = ["OUTER_LR", "OUTER_MOMENTUM", "SYNC_EVERY", "check_settings", *_LAZY]
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy.names(__name__, _LAZY, globals())

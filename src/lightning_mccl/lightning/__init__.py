@@ -10,19 +10,10 @@ the classes are loaded on first access. The names are registered by lightning_mc
 """
 from __future__ import annotations
 
-import importlib
+from .. import lazy
 
 __all__ = ["CommMetrics", "MCCLDiLoCoStrategy", "MCCLFabricStrategy", "MCCLStrategy", "MacFleetEnvironment"]
 
 _LAZY = {"MCCLStrategy": "strategy", "MCCLDiLoCoStrategy": "diloco_strategy", "MacFleetEnvironment": "environment",
          "CommMetrics": "comm_metrics", "MCCLFabricStrategy": "fabric"}
-
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + list(_LAZY))
+__getattr__, __dir__ = lazy.names(__name__, _LAZY, globals())
