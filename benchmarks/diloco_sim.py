@@ -21,7 +21,11 @@ one model on the global batch, as synchronous DDP | single: worker 0 alone), H, 
 (1 to H, as DiLoCo accepts), lr (the inner peak learning rate), warmup (share of the steps), wire (fp32 | bf16),
 workers, batch (per worker), steps (the budget: 256 steps of 8 x 8 images is convergence.py's), sync_steps (that
 many first steps synchronous, the workers' gradients averaged as by DDP, before DiLoCo starts from the weights they
-reached: post-local SGD). benchmarks/record/diloco.md ("What DiLoCo costs in accuracy") has the sweep's results.
+reached: post-local SGD), and DiLoCo's options for short jobs: warm (its warm_start: that many first steps each a
+round of one step applied at once, the workers' progress averaged after their own AdamW steps), fragments, qsr
+(qsr_alpha, 0: off) and H_max (max_sync_every, with qsr), e.g. `frag4:H=4,fragments=4`, `warm32:H=4,warm=32`,
+`qsr:H=4,qsr=0.002,H_max=16`. benchmarks/record/diloco.md ("What DiLoCo costs in accuracy") has the sweep's
+results.
 
 Output in --out: results.csv (a row per run and seed as it ends: the final validation accuracy and loss of the
 anchor, i.e. of what every rank holds after `finish()`; a run and seed already there is not run again, so a sweep
@@ -49,12 +53,13 @@ import torch.nn.functional as F  # noqa: E402
 from accuracy.rank import VAL_BATCH, GlobalBatchSampler  # noqa: E402
 from accuracy.task import GlyphTask, load  # noqa: E402
 from convergence import DEFAULT_MODEL_KWARGS, TASK_DEFAULTS  # noqa: E402
-from lightning_mccl.diloco import OUTER_LR, OUTER_MOMENTUM, DiLoCo, check_settings  # noqa: E402
+from lightning_mccl.diloco import OUTER_LR, OUTER_MOMENTUM, DiLoCo, check_schedule, check_settings  # noqa: E402
 from lightning_mccl.recipes.vit import warmup_cosine  # noqa: E402
 from sweep import report  # noqa: E402
 
 RUN_DEFAULTS = {"mode": "diloco", "H": 8, "outer_lr": OUTER_LR, "outer_momentum": OUTER_MOMENTUM, "sync_delay": 1,
-                "lr": 1e-3, "warmup": 0.1, "wire": "fp32", "workers": 8, "batch": 8, "steps": 256, "sync_steps": 0}
+                "lr": 1e-3, "warmup": 0.1, "wire": "fp32", "workers": 8, "batch": 8, "steps": 256, "sync_steps": 0,
+                "warm": 0, "fragments": 1, "qsr": 0.0, "H_max": 0}
 MODES, WIRES = ("diloco", "ddp", "single"), ("fp32", "bf16")
 CLASSES, IMAGE, PATCH, WEIGHT_DECAY, LABEL_SMOOTHING = 32, 16, 4, 0.05, 0.1  # convergence.py's and the recipe's
 FIELDS = ["name", "seed", "final_acc", "final_loss", "seconds", "device", "setting"]
@@ -82,6 +87,8 @@ def parse_run(text: str) -> tuple:
     if setting["mode"] == "diloco":
         check_settings(setting["H"], setting["outer_lr"], setting["outer_momentum"], setting["sync_delay"],
                        f"run {name}")
+        check_schedule(setting["H"], setting["warm"], setting["fragments"], setting["qsr"] or None,
+                       setting["H_max"] or None, f"run {name}")
     return name, setting
 
 
@@ -91,19 +98,20 @@ def describe(setting: dict) -> str:
 
 
 class SimMean:
-    """The outer allreduce over `workers` simulated workers. Each worker's `start` adds its vector to the round's
-    (a round is full once every worker started); the round's first `wait` puts the mean into every vector of it:
-    sum then divide, as AllreduceMean; with bf16, each hop of a ring narrowed to bfloat16, summed in float32.
-    A wait on a round not every worker started raises: the simulation would average fewer vectors."""
+    """The outer allreduce over `workers` simulated workers. Each worker's `start` adds its vector to the round of
+    its fragment (a round is full once every worker started); the round's first `wait` puts the mean into every
+    vector of it: sum then divide, as AllreduceMean; with bf16, each hop of a ring narrowed to bfloat16, summed in
+    float32. A wait on a round not every worker started raises: the simulation would average fewer vectors."""
 
     def __init__(self, wire: str, workers: int) -> None:
-        self.wire, self.workers, self.round = wire, workers, None
+        self.wire, self.workers, self.rounds = wire, workers, {}
 
-    def start(self, flat: torch.Tensor) -> "_Round":
-        if self.round is None or len(self.round.flats) == self.workers:
-            self.round = _Round(self.wire, self.workers)
-        self.round.flats.append(flat)
-        return self.round
+    def start(self, flat: torch.Tensor, part: int = 0) -> "_Round":
+        round_ = self.rounds.get(part)
+        if round_ is None or len(round_.flats) == self.workers:
+            round_ = self.rounds[part] = _Round(self.wire, self.workers)
+        round_.flats.append(flat)
+        return round_
 
 
 class _Round:
@@ -142,32 +150,41 @@ def build(seed: int, model_name: str, model_kwargs: dict, device: str) -> torch.
     return model.to(device)
 
 
-def start_diloco(setting: dict, stacked: dict, workers: int) -> list:
-    """A DiLoCo per worker, on views of the worker's slice of the stacked parameters, sharing one SimMean; the
-    anchor is the workers' (equal) weights, as after `broadcast()`."""
+def start_diloco(setting: dict, stacked: dict, workers: int, opt: torch.optim.Optimizer) -> list:
+    """A DiLoCo per worker, on views of the worker's slice of the stacked parameters, sharing one SimMean, reading
+    the learning rate of `opt` (the H schedule); the anchor is the workers' (equal) weights, as after
+    `broadcast()`."""
     mean, outer = SimMean(setting["wire"], workers), []
     for w in range(workers):
         shadow = torch.nn.ParameterList([torch.nn.Parameter(t.detach()[w]) for t in stacked.values()])
         d = DiLoCo(shadow, setting["H"], outer_lr=setting["outer_lr"], outer_momentum=setting["outer_momentum"],
-                   sync_delay=setting["sync_delay"], averaging=mean)
-        d._pack(d.anchor, d.params)
+                   sync_delay=setting["sync_delay"], warm_start=setting["warm"], fragments=setting["fragments"],
+                   qsr_alpha=setting["qsr"] or None, max_sync_every=setting["H_max"] or None, averaging=mean)
+        with torch.no_grad():
+            d.anchor.copy_(torch.cat([p.reshape(-1) for p in d.params]))
+        d.attach(opt, step_hook=False)  # the workers' steps run in lockstep below, not on the hook
         outer.append(d)
     return outer
 
 
-def finish_all(outer: list) -> None:
-    """DiLoCo.finish() for all workers together (one worker's finish alone would wait on a round the others have
-    not started): the pending outer step, then the last partial round, then every worker's weights := anchor."""
-    if outer[0]._pending is not None:
-        for d in outer:
-            d._apply()
-    if outer[0].inner_steps > outer[0].round_start:
-        for d in outer:
-            d._start()
-        for d in outer:
-            d._apply()
+def step_all(outer: list) -> None:
+    """DiLoCo.step() for all workers in lockstep, as ranks run it side by side: every worker's first half (the
+    outer steps due, the syncs that start) before any worker's second half (the outer steps applied at once, which
+    wait for every worker's sync)."""
     for d in outer:
-        d.finish()
+        d._begin_step()
+    for d in outer:
+        d._end_step()
+
+
+def finish_all(outer: list) -> None:
+    """DiLoCo.finish() for all workers in lockstep (one worker's finish alone would wait on syncs the others have
+    not started): the pending outer steps and the last syncs' starts, then their outer steps and every worker's
+    weights := anchor."""
+    for d in outer:
+        d._finish_starts()
+    for d in outer:
+        d._finish_applies()
 
 
 def train(setting: dict, seed: int, x: torch.Tensor, y: torch.Tensor, device: str,
@@ -198,7 +215,7 @@ def train(setting: dict, seed: int, x: torch.Tensor, y: torch.Tensor, device: st
     sampler = GlobalBatchSampler(len(y), steps, setting["batch"] * setting["workers"], 0, 1, seed)
     for step, idx in enumerate(sampler):
         if mode == "diloco" and step == setting["sync_steps"]:
-            outer = start_diloco(setting, stacked, workers)
+            outer = start_diloco(setting, stacked, workers, opt)
         idx = torch.tensor(idx[:workers * batch], device=device).view(workers, batch)
         opt.zero_grad(set_to_none=True)
         losses(stacked, x[idx], y[idx]).sum().backward()
@@ -206,8 +223,7 @@ def train(setting: dict, seed: int, x: torch.Tensor, y: torch.Tensor, device: st
             for t in stacked.values():
                 t.grad.copy_(t.grad.mean(0, keepdim=True).expand_as(t.grad))
         opt.step()
-        for d in outer:
-            d.step()
+        step_all(outer)
         sched.step()
     if outer:
         finish_all(outer)

@@ -1,6 +1,7 @@
 """benchmarks/diloco_sim.py against what it simulates, on a one-block ViT for a few steps: its DiLoCo (stacked,
 vmap'd workers, the product's outer loop over a simulated allreduce) against 8 separate models averaged by hand,
-and its DDP mode (one model on the global batch) against its workers averaging their gradients every step."""
+one step late (H = 1) and at once (the warm start), and its DDP mode (one model on the global batch) against its
+workers averaging their gradients every step."""
 from __future__ import annotations
 
 import functools
@@ -34,10 +35,11 @@ def run(text: str, x: torch.Tensor, y: torch.Tensor) -> dict:
     return sim.train(setting, SEED, x, y, "cpu", model_kwargs=TINY)[1]
 
 
-def delayed_averaging(x: torch.Tensor, y: torch.Tensor) -> dict:
+def delayed_averaging(x: torch.Tensor, y: torch.Tensor, delay: int = 1) -> dict:
     """DiLoCo with H=1, sync_delay=1, outer_lr=1, outer_momentum=0 written out: after its own AdamW step, worker
     i holds the mean of all workers' weights of one step earlier plus its own latest update,
-    w_i(t) = mean_j w_j(t-1) + (w_i(t) - w_i(t-1)); at the end every worker holds mean_j w_j(T)."""
+    w_i(t) = mean_j w_j(t-1) + (w_i(t) - w_i(t-1)); at the end every worker holds mean_j w_j(T). delay=0 (the
+    warm start): after every step each worker holds the mean of the workers' weights, w_i(t) = mean_j w_j(t)."""
     from timm.optim import param_groups_weight_decay
 
     models = [sim.build(SEED, "vit_tiny_patch16_224", TINY, "cpu") for _ in range(WORKERS)]
@@ -58,6 +60,11 @@ def delayed_averaging(x: torch.Tensor, y: torch.Tensor) -> dict:
             sched.step()
         with torch.no_grad():
             for k in range(len(params[0])):
+                if delay == 0:
+                    mean_now = torch.stack([ps[k] for ps in params]).mean(0)
+                    for ps in params:
+                        ps[k].copy_(mean_now)
+                    continue
                 mean_before = torch.stack([b[k] for b in before]).mean(0)
                 for ps, b in zip(params, before):
                     ps[k].add_(mean_before - b[k])
@@ -87,12 +94,29 @@ def test_diloco_h1_is_delayed_averaging_and_ddp_is_gradient_averaging(data):
     assert max_diff(run("mode=single", x, y), ddp) > 0.1 * moved
 
 
+def test_the_warm_start_is_averaging_at_once_and_fragments_all_sync_in_a_round_of_one_step(data):
+    """warm=STEPS: every step a round of one step applied at once, the workers' weights averaged after every
+    AdamW step (each worker keeps its own AdamW moments: not DDP's step, which the sim's sync_steps is); with
+    H = 1, fragments each sync every step, the same numbers as the whole model's sync; with H = 4, 4 fragments
+    sync on 4 different steps and end elsewhere."""
+    x, y = data
+    warm, ref = run(f"warm={STEPS},H=4", x, y), delayed_averaging(x, y, delay=0)
+    assert max_diff(warm, ref) < 1e-6, "the warm start is not averaging at once"
+    assert max_diff(warm, delayed_averaging(x, y)) > 1e-4  # one step late is something else
+    assert max_diff(run("H=1,fragments=3", x, y), run("H=1", x, y)) == 0.0
+    assert max_diff(run("H=4,fragments=4", x, y), run("H=4", x, y)) > 1e-4
+
+
 @pytest.mark.parametrize("text, message", [
     ("r:H=0", "sync_every=0"),
     ("r:H=4,sync_delay=5", "sync_delay=5"),
     ("r:outer_momentum=1", "outer_momentum=1"),
     ("r:mode=sync", "mode must be one of"),
     ("r:steps=8,sync_steps=9", "sync_steps must be from 0 to steps"),
+    ("r:warm=-1", "warm_start=-1"),
+    ("r:fragments=0", "fragments=0"),
+    ("r:H=4,qsr=0.002", "the H schedule needs a cap, max_sync_every"),
+    ("r:H=4,qsr=0.002,H_max=2", "max_sync_every=2"),
     ("r:Hx=1", "unknown setting 'Hx'"),
     ("r:H=two", "H='two', expected int"),
     ("H=1", "a name first"),

@@ -1,5 +1,6 @@
 """A Lightning fit that can be killed and resumed, for test_resume_after_kill.py. Run it under
-`mccl launch --local 1 --nproc-per-node 2 [--max-restarts 1] -- python resume_script.py OUT_DIR [KILL_AT] [--diloco]`.
+`mccl launch --local 1 --nproc-per-node 2 [--max-restarts 1] -- python resume_script.py OUT_DIR [KILL_AT] [--diloco |
+--diloco-short]`.
 
 Trains a tiny deterministic model (2 CPU ranks, strategy="mccl", SGD with momentum, a shuffled dataset:
 the order depends on the epoch) for EPOCHS epochs of STEPS_PER_EPOCH steps, checkpointing at the end of
@@ -19,6 +20,10 @@ records, after each training step: the allreduces the step ran on the default gr
 allreduce count, a checksum of the anchor and its wire type (steps.rank<R>.txt in its directory); its
 CommMetrics (every 5 steps) count the outer group: the wire type they read and the bytes per step of each window
 go into final.rank<R>.pt.
+
+--diloco-short: the same with DiLoCo's options for short jobs, DILOCO_SHORT, and an inner learning rate that falls
+every step (a LambdaLR stepped per step): 3 synchronous steps, then the H schedule's rounds (2 steps, then 4, its
+cap) in 2 fragments, so the checkpoint at step 10 has the second fragment's sync of step 9 in flight (applied at 11).
 """
 from __future__ import annotations
 
@@ -42,6 +47,8 @@ STEPS_PER_EPOCH = 5
 SAMPLES = 2 * BATCH * STEPS_PER_EPOCH  # 2 ranks
 IN, HID, OUT = 8, 16, 3
 DILOCO = dict(sync_every=3, sync_delay=2, compress="bf16")
+DILOCO_SHORT = dict(sync_every=2, sync_delay=2, compress="bf16", warm_start=3, fragments=2, qsr_alpha=0.1,
+                    max_sync_every=4)
 
 
 def allreduces(group=None) -> int:
@@ -49,8 +56,9 @@ def allreduces(group=None) -> int:
 
 
 class Resumable(L.LightningModule):
-    def __init__(self, out_dir: str, kill_at: int | None) -> None:
+    def __init__(self, out_dir: str, kill_at: int | None, falling_lr: bool = False) -> None:
         super().__init__()
+        self.falling_lr = falling_lr
         torch.manual_seed(1234)
         self.net = nn.Sequential(nn.Linear(IN, HID), nn.Tanh(), nn.Linear(HID, OUT))
         self.out_dir, self.kill_at = out_dir, kill_at
@@ -80,7 +88,11 @@ class Resumable(L.LightningModule):
                                lightning_mccl.backend.wire_dtype_of(self.trainer.strategy.outer_group)))
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+        if not self.falling_lr:
+            return optimizer
+        falling = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (1 + 0.2 * step))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": falling, "interval": "step"}}
 
     def train_dataloader(self):
         g = torch.Generator().manual_seed(99)
@@ -89,15 +101,15 @@ class Resumable(L.LightningModule):
         return DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=True)
 
 
-def fit(out_dir: str, kill_at, diloco: bool) -> None:
+def fit(out_dir: str, kill_at, diloco: dict | None) -> None:
     from lightning_mccl.lightning import CommMetrics, MCCLDiLoCoStrategy
 
-    model = Resumable(out_dir, kill_at)
+    model = Resumable(out_dir, kill_at, falling_lr=diloco is DILOCO_SHORT)
     metrics = CommMetrics(every_n_steps=5, summary=False)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     checkpoint = ModelCheckpoint(dirpath=os.path.join(out_dir, "ckpt"), save_last=True, save_top_k=-1,
                                  every_n_epochs=1, filename="{epoch}")
-    trainer = L.Trainer(strategy=MCCLDiLoCoStrategy(**DILOCO, comm_metrics=metrics) if diloco else "mccl",
+    trainer = L.Trainer(strategy=MCCLDiLoCoStrategy(**diloco, comm_metrics=metrics) if diloco else "mccl",
                         accelerator="cpu", devices=2,
                         max_epochs=EPOCHS, logger=False, callbacks=[checkpoint], enable_progress_bar=False,
                         enable_model_summary=False, deterministic=True)
@@ -116,8 +128,8 @@ def fit(out_dir: str, kill_at, diloco: bool) -> None:
 
 
 def main() -> None:
-    args = [a for a in sys.argv[1:] if a != "--diloco"]
-    diloco = "--diloco" in sys.argv
+    args = [a for a in sys.argv[1:] if a not in ("--diloco", "--diloco-short")]
+    diloco = DILOCO if "--diloco" in sys.argv else DILOCO_SHORT if "--diloco-short" in sys.argv else None
     out_dir = args[0]
     kill_at = int(args[1]) if len(args) > 1 else None
     reference = os.path.join(out_dir, "reference")

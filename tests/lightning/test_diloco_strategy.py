@@ -22,13 +22,19 @@ FIXTURE = os.path.join(HERE, "fixtures", "diloco_v0")
 
 def test_arguments_and_defaults():
     """compress is the pseudo-gradients' wire type (the default group stays uncompressed); the defaults (H = 4,
-    plain averaging, tau = 1) are declared once, in diloco/settings.py, and shown in both signatures."""
-    from lightning_mccl import wire_policy
+    plain averaging, tau = 1, the options for short jobs off) are declared once, in diloco/settings.py, and shown
+    in both signatures."""
+    from lightning_mccl import diloco, wire_policy
     from lightning_mccl.diloco import SYNC_EVERY, DiLoCo
     from lightning_mccl.lightning import MCCLDiLoCoStrategy
 
     s = MCCLDiLoCoStrategy(sync_every=4, compress="bf16", outer_lr=0.5, outer_momentum=0.8, sync_delay=4)
     assert (s.sync_every, s.outer_lr, s.outer_momentum, s.sync_delay, s.compress) == (4, 0.5, 0.8, 4, "bf16")
+    s = MCCLDiLoCoStrategy(warm_start=32, fragments=4, qsr_alpha=2e-3, max_sync_every=16)
+    assert (s.warm_start, s.fragments, s.qsr_alpha, s.max_sync_every) == (32, 4, 2e-3, 16)
+    short = {"warm_start": diloco.WARM_START, "fragments": diloco.FRAGMENTS, "qsr_alpha": diloco.QSR_ALPHA,
+             "max_sync_every": diloco.MAX_SYNC_EVERY}
+    assert short == {"warm_start": 0, "fragments": 1, "qsr_alpha": None, "max_sync_every": None}
     assert s.diloco is None and s.outer_group is None  # only during a fit
     assert s._ddp_kwargs == {}  # no DDP argument reaches DistributedDataParallel: the model is never wrapped
     cpu = wire_policy.resolve("bf16", "cpu", "mccl", "MCCLDiLoCoStrategy", diloco=True)
@@ -41,6 +47,7 @@ def test_arguments_and_defaults():
         params = inspect.signature(fn).parameters
         assert (params["outer_lr"].default, params["outer_momentum"].default, params["sync_delay"].default) \
             == (1.0, 0.0, 1), fn
+        assert {name: params[name].default for name in short} == short, fn
     assert inspect.signature(MCCLDiLoCoStrategy.__init__).parameters["sync_every"].default == SYNC_EVERY == 4
     ddp_only = {"ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper", "bucket_cap_mb", "find_unused_parameters",
                 "static_graph", "compress_options", "kwargs"}
@@ -51,6 +58,11 @@ def test_arguments_and_defaults():
     (dict(sync_every=0), "MCCLDiLoCoStrategy(sync_every=0): expected the inner steps per round, an int >= 1"),
     (dict(sync_every=4, sync_delay=5), "MCCLDiLoCoStrategy(sync_delay=5): expected an int from 1 to sync_every=4"),
     (dict(outer_momentum=1.5), "MCCLDiLoCoStrategy(outer_momentum=1.5): expected a number in [0, 1)"),
+    (dict(warm_start=-1), "MCCLDiLoCoStrategy(warm_start=-1): expected the synchronous inner steps at the start"),
+    (dict(fragments=0), "MCCLDiLoCoStrategy(fragments=0): expected the number of parts the parameters sync in"),
+    (dict(qsr_alpha=1e-3), "MCCLDiLoCoStrategy(qsr_alpha=0.001): the H schedule needs a cap, max_sync_every"),
+    (dict(qsr_alpha=1e-3, max_sync_every=2), "MCCLDiLoCoStrategy(max_sync_every=2): expected an int >= "
+                                             "sync_every=4"),
     (dict(compress="powersgd"), "MCCLDiLoCoStrategy(compress='powersgd'): DiLoCo's pseudo-gradients travel as "
                                 "compress='bf16' or 'fp16' or 'int8' or float32"),
     (dict(compress="bf16_hook"), "MCCLDiLoCoStrategy(compress='bf16_hook'): DiLoCo's pseudo-gradients travel as"),

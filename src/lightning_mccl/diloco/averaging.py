@@ -1,12 +1,14 @@
 """How DiLoCo averages a round's pseudo-gradients over the ranks (diloco/outer.py has the schedule).
 
-**Transport.** `Averaging` is the one pluggable piece: `start(flat)` begins averaging a float32 vector over the
-ranks and returns something whose `wait()` leaves the mean in it. `AllreduceMean` is one allreduce on a group;
-its wire type is the group's (`outer_group(settings)`: a dedicated mccl group, so that its allreduce neither
-queues behind nor holds up other collectives, with `MCCL_WIRE_DTYPE=bf16` the engine narrows on the wire and
-accumulates in float32). `CastMean` casts the vector to bf16 or fp16 on its device and allreduces that, as
-torch's compress hooks do a DDP bucket: on an accelerator the copies through host memory then move half the
-bytes too (`averaging_for` picks it there, as `compress="bf16"` does under DDP). `Int8Mean` is the engine's
+**Transport.** `Averaging` is the one pluggable piece: `start(flat, part)` begins averaging a float32 vector over
+the ranks and returns something whose `wait()` leaves the mean in it; `part` is the fragment the vector belongs to
+(0 without fragments: schedule.py), whose syncs may be in flight together, each with its own buffers and
+residual. `AllreduceMean` is one allreduce on a group; its wire type is the group's (`outer_group(settings)`: a
+dedicated mccl group, so that its allreduce neither queues behind nor holds up other collectives, with
+`MCCL_WIRE_DTYPE=bf16` the engine narrows on the wire and accumulates in float32). `CastMean` casts the vector
+to bf16 or fp16 on its device and allreduces that, as torch's compress hooks do a DDP bucket: on an accelerator
+the copies through host memory then move half the bytes too (`averaging_for` picks it there, as
+`compress="bf16"` does under DDP). `Int8Mean` is the engine's
 8-bit allreduce (`lightning_mccl.int8`) with error feedback: the residual of each round's quantisation is added
 to the next round's pseudo-gradient, and is part of this rank's state (`LOCAL_KEYS`). An averaging with
 `state_dict`/`load_state_dict` has them checkpointed.
@@ -25,8 +27,8 @@ class InFlight(Protocol):
 
 
 class Averaging(Protocol):
-    def start(self, flat: torch.Tensor) -> InFlight:
-        """Begins averaging `flat` (1-D float32, in place) over the ranks; returns at once."""
+    def start(self, flat: torch.Tensor, part: int) -> InFlight:
+        """Begins averaging `flat` (1-D float32, in place; fragment `part`'s) over the ranks; returns at once."""
 
 
 class AllreduceMean:
@@ -36,7 +38,7 @@ class AllreduceMean:
     def __init__(self, group: Optional[Any] = None) -> None:
         self.group = group
 
-    def start(self, flat: torch.Tensor) -> InFlight:
+    def start(self, flat: torch.Tensor, part: int = 0) -> InFlight:
         return _Sum(dist.all_reduce(flat, group=self.group, async_op=True), flat, dist.get_world_size(self.group))
 
 
@@ -53,20 +55,21 @@ class CastMean:
     """The mean over `group`'s ranks by one asynchronous allreduce of the vector cast to `dtype` (torch.bfloat16
     or torch.float16) on its own device, into a buffer kept between rounds: the engine sums 16-bit values (each
     partial sum rounded once per hop, as MCCL_WIRE_DTYPE does for float32), and `wait()` widens the sum into the
-    vector and divides it there."""
+    vector and divides it there. A buffer per fragment: their syncs may be in flight together."""
 
     def __init__(self, dtype: torch.dtype, group: Optional[Any] = None) -> None:
         if dtype not in (torch.bfloat16, torch.float16):
             raise ValueError(f"CastMean casts to torch.bfloat16 or torch.float16, not {dtype}")
         self.dtype, self.group = dtype, group
-        self._half: Optional[torch.Tensor] = None
+        self._half: Dict[int, torch.Tensor] = {}
 
-    def start(self, flat: torch.Tensor) -> InFlight:
-        if self._half is None or self._half.shape != flat.shape or self._half.device != flat.device:
-            self._half = torch.empty_like(flat, dtype=self.dtype)
-        self._half.copy_(flat)
-        work = dist.all_reduce(self._half, group=self.group, async_op=True)
-        return _Widen(work, self._half, flat, dist.get_world_size(self.group))
+    def start(self, flat: torch.Tensor, part: int = 0) -> InFlight:
+        half = self._half.get(part)
+        if half is None or half.shape != flat.shape or half.device != flat.device:
+            half = self._half[part] = torch.empty_like(flat, dtype=self.dtype)
+        half.copy_(flat)
+        work = dist.all_reduce(half, group=self.group, async_op=True)
+        return _Widen(work, half, flat, dist.get_world_size(self.group))
 
 
 class _Widen(_Sum):
@@ -81,8 +84,8 @@ class _Widen(_Sum):
 
 class Int8Mean:
     """The mean over `group`'s ranks by the engine's 8-bit allreduce (lightning_mccl.int8), with error feedback: a
-    residual kept on the vector's device (where its per-value work runs), carried from one round to the next (and
-    in checkpoints)."""
+    residual per fragment, kept on the vector's device (where its per-value work runs), carried from one round to
+    the next (and in checkpoints)."""
 
     def __init__(self, group: Optional[Any] = None) -> None:
         from ..int8 import ErrorFeedback
@@ -90,16 +93,17 @@ class Int8Mean:
         self.group = group
         self.feedback = ErrorFeedback()
 
-    def start(self, flat: torch.Tensor) -> InFlight:
+    def start(self, flat: torch.Tensor, part: int = 0) -> InFlight:
         from ..int8 import all_reduce
 
-        return all_reduce(flat, self.feedback.residual("diloco", flat), "avg", self.group)
+        return all_reduce(flat, self.feedback.residual(("diloco", part), flat), "avg", self.group)
 
     def state_dict(self) -> Dict[Any, torch.Tensor]:
         return self.feedback.state_dict()
 
     def load_state_dict(self, state: Mapping[Any, torch.Tensor]) -> None:
-        self.feedback.load_state_dict(dict(state))
+        # "diloco": the one residual of the releases before fragments
+        self.feedback.load_state_dict({("diloco", 0) if k == "diloco" else k: v for k, v in state.items()})
 
 
 def averaging_for(resolution: Any, group: Any) -> Averaging:

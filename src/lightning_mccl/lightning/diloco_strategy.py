@@ -5,8 +5,9 @@
 
 Each rank trains on its own for `sync_every` optimizer steps (a round), then the weights every rank shares move
 by the average of their progress (an outer optimizer step), `sync_delay` optimizer steps later, while training
-goes on (diloco.py has the schedule). The model is not wrapped in DDP, so no step allreduces a gradient, and the
-strategy takes none of DDP's arguments. What it shares with `MCCLStrategy` (the group, the fleet environment,
+goes on (diloco/outer.py has the outer step, diloco/schedule.py the schedule and the options for short jobs).
+The model is not wrapped in DDP, so no step allreduces a gradient, and the strategy takes none of DDP's
+arguments. What it shares with `MCCLStrategy` (the group, the fleet environment,
 MPS, CommMetrics) is base.py's; the fit's outer group, DiLoCo object and checkpoint files are outer_sync.py's.
 
 The unit of `sync_every` and `sync_delay` is the inner optimizer's steps (`Trainer(accumulate_grad_batches=k)`
@@ -26,7 +27,8 @@ from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.pytorch.plugins.precision import Precision
 
 from ..diloco.outer import DiLoCo, OuterOptimizer
-from ..diloco.settings import OUTER_LR, OUTER_MOMENTUM, SYNC_EVERY, check_settings
+from ..diloco.settings import (FRAGMENTS, MAX_SYNC_EVERY, OUTER_LR, OUTER_MOMENTUM, QSR_ALPHA, SYNC_DELAY,
+                               SYNC_EVERY, WARM_START, check_schedule, check_settings)
 from ..options import Options
 from ..wire_policy import DiLoCoCompress
 from . import outer_sync
@@ -45,8 +47,14 @@ class MCCLDiLoCoStrategy(MCCLBase):
         outer_lr, outer_momentum: the default outer optimizer's learning rate and Nesterov momentum (defaults 1
             and 0: plain averaging of the ranks' progress).
         outer_optimizer: instead, a function that makes the outer optimizer from a list of tensors (the
-            anchor, shaped as the parameters), e.g. `functools.partial(torch.optim.SGD, lr=0.7, momentum=0.9,
-            nesterov=True)`; LightningCLI takes it as a class_path with init_args.
+            anchor, shaped as the parameters; one per fragment), e.g. `functools.partial(torch.optim.SGD, lr=0.7,
+            momentum=0.9, nesterov=True)`; LightningCLI takes it as a class_path with init_args.
+        warm_start: the first optimizer steps synchronous (each rank's progress averaged after every step);
+            default 0.
+        fragments: the parameters in this many parts, each synced on its own step of the round (Streaming
+            DiLoCo: each allreduce about 1/fragments of the model); default 1.
+        qsr_alpha, max_sync_every: the H schedule: H = max(sync_every, floor((qsr_alpha / lr)^2)) once the
+            optimizer's learning rate falls below its peak, at most max_sync_every (needed); default None (off).
         compress: how the pseudo-gradients travel (wire_policy.py): "bf16"/"fp16" (the engine narrows on the wire
             on the CPU, cast on the device on an accelerator), "int8" (the 8-bit allreduce with error feedback),
             None (float32).
@@ -67,15 +75,20 @@ class MCCLDiLoCoStrategy(MCCLBase):
         timeout: Optional[Union[timedelta, float]] = DEFAULT_TIMEOUT,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
         sync_every: int = SYNC_EVERY,
-        sync_delay: int = 1,
+        sync_delay: int = SYNC_DELAY,
         outer_lr: float = OUTER_LR,
         outer_momentum: float = OUTER_MOMENTUM,
         outer_optimizer: Optional[OuterOptimizer] = None,
+        warm_start: int = WARM_START,
+        fragments: int = FRAGMENTS,
+        qsr_alpha: Optional[float] = QSR_ALPHA,
+        max_sync_every: Optional[int] = MAX_SYNC_EVERY,
         compress: Optional[DiLoCoCompress] = None,
         comm_metrics: Union[bool, "CommMetrics"] = True,
         options: Optional[Union[Options, Mapping[str, object]]] = None,
     ) -> None:
         check_settings(sync_every, outer_lr, outer_momentum, sync_delay, type(self).__name__)
+        check_schedule(sync_every, warm_start, fragments, qsr_alpha, max_sync_every, type(self).__name__)
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin, process_group_backend=process_group_backend,
@@ -83,6 +96,8 @@ class MCCLDiLoCoStrategy(MCCLBase):
                          comm_metrics_option=comm_metrics, options=options)
         self.sync_every, self.sync_delay = sync_every, sync_delay
         self.outer_lr, self.outer_momentum, self.outer_optimizer = outer_lr, outer_momentum, outer_optimizer
+        self.warm_start, self.fragments = warm_start, fragments
+        self.qsr_alpha, self.max_sync_every = qsr_alpha, max_sync_every
         self._outer: Optional[outer_sync.OuterSync] = None  # during a fit
         self._resume: Optional[dict] = None  # DiLoCo's state from the checkpoint being resumed
 
@@ -102,7 +117,9 @@ class MCCLDiLoCoStrategy(MCCLBase):
         self._outer = outer_sync.OuterSync(
             type(self).__name__, self.wire, self.lightning_module, self._get_process_group_backend(),
             self.options.settings, self._resume, sync_every=self.sync_every, sync_delay=self.sync_delay,
-            outer_lr=self.outer_lr, outer_momentum=self.outer_momentum, outer_optimizer=self.outer_optimizer)
+            outer_lr=self.outer_lr, outer_momentum=self.outer_momentum, outer_optimizer=self.outer_optimizer,
+            warm_start=self.warm_start, fragments=self.fragments, qsr_alpha=self.qsr_alpha,
+            max_sync_every=self.max_sync_every)
         self._resume = None
 
     @override
