@@ -20,19 +20,13 @@ from __future__ import annotations
 
 import io
 import math
-import os
-import sys
 import zlib
 
 import numpy as np
 import pytest
 import torch
 
-TORCH_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "torch")
-if TORCH_TESTS not in sys.path:
-    sys.path.insert(0, TORCH_TESTS)
-
-from harness import run_ranks  # noqa: E402
+from lightning_mccl.testing import run_ranks
 
 WORLD = 3
 SIZES = (5, 6, 4, 3)  # Toy's trainable parameters (a, b, c, d), 18 values; the buffer stat (3) follows them
