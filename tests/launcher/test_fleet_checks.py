@@ -68,7 +68,9 @@ def test_a_slow_mac_is_named_with_the_causes_its_probe_shows():
     assert found[2].detail.endswith("likely: Automatic power mode on battery; another program on the GPU (70% busy "
                                     "before the job); an older or smaller chip (Apple M1 Max; most of the fleet: Apple "
                                     "M2 Ultra)"), found[2].detail
-    assert found[2].fix.startswith("connect its power adapter; quit it")
+    assert found[2].fix == ("connect its power adapter (or System Settings > Battery > Energy Mode: High Power); "
+                            "quit it (Activity Monitor: Window > GPU History shows the load); give it a smaller batch "
+                            "(lightning_mccl.straggler.propose_batch_sizes)")
 
 
 def test_a_slow_mac_without_a_visible_cause_and_a_failed_step_are_reported():

@@ -155,6 +155,13 @@ def test_a_watchdog_panic_after_a_reboot_is_found_in_the_diagnostic_reports(tmp_
                                 "ssh); `mccl launch --env AGX_RELAX_CDM_CTXSTORE_TIMEOUT=1`"), found.fix
     assert checks(good_mac(), panics="cannot list /Library/Logs/DiagnosticReports: Permission denied")[
         "watchdog"].state == WARN
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "panic-full-2026-06-27-090000.0001.panic").write_text(PANIC.replace(
+        "watchdog timeout: no checkins from watchdogd in 93 seconds", "Kernel data abort. at pc 0xfffffe0012345678"))
+    abort = checks(good_mac(), panic_dir=str(other))["watchdog"]
+    assert abort.state == WARN and "the latest one 0 h ago" in abort.detail and abort.detail.endswith(": it rebooted")
+    assert abort.fix == "read /Library/Logs/DiagnosticReports/panic-full-2026-06-27-090000.0001.panic on studio-03"
 
 
 def test_low_power_mode_automatic_on_battery_and_a_thermal_limit_are_named():

@@ -30,7 +30,7 @@ from typing import List, Optional, Tuple
 
 from ..straggler import SLOW_CAUSES
 from .findings import FAIL, OK, WARN, Finding, command_output
-from .host_probe import RELAX_VAR, SOCKETFILTERFW
+from .host_probe import PANIC_DIR, RELAX_VAR, SOCKETFILTERFW
 from .known_causes import RELAX, SLEEP_DISPLAY
 
 POWER_MODES = {0: "Automatic", 1: "Low Power", 2: "High Power"}  # pmset's powermode
@@ -185,14 +185,39 @@ def check_watchdog(host: str, probe: dict) -> Optional[Finding]:
     if gpu:
         return Finding(host, "watchdog", FAIL, what + ": the Mac rebooted under the watchdog, as sustained GPU work "
                        "with an awake display does on macOS 26", f"{SLEEP_DISPLAY}; {RELAX}")
-    return Finding(host, "watchdog", WARN, what + ": it rebooted", "see the report, and Apple's advice on kernel panics")
+    return Finding(host, "watchdog", WARN, what + ": it rebooted", f"read {PANIC_DIR}/{name} on {host}")
+
+
+# What fixes each cause of a slow Mac (straggler.SLOW_CAUSES' keys), as its check and the slow-Mac check say it.
+FIXES = {
+    "low_power": "sudo pmset -a lowpowermode 0",
+    "low_power_mode": "sudo pmset -a powermode 0 (Automatic; 2: High Power)",
+    "battery": "connect its power adapter (or System Settings > Battery > Energy Mode: High Power)",
+    "thermal": "give it air (nothing on or against it, the room cool); `pmset -g therm` shows when it eases",
+    "gpu_busy": "quit it (Activity Monitor: Window > GPU History shows the load)",
+    "chip": "give it a smaller batch (lightning_mccl.straggler.propose_batch_sizes)",
+}
 
 
 def power_state(probe: dict) -> Tuple[Optional[int], Optional[int], Optional[bool]]:
-    """(lowpowermode, powermode, on battery) as ``pmset -g`` and ``pmset -g batt`` say; None where they do not."""
+    """(lowpowermode, powermode, on battery) as ``pmset -g`` and ``pmset -g batt`` say; None where they do not.
+    A Mac with High Power Mode shows ``powermode`` (0 Automatic, 1 Low Power, 2 High Power), another
+    ``lowpowermode`` (Apple's pmset.m)."""
     settings, batt = _text(probe, "pmset") or "", _text(probe, "batt")
     battery = None if batt is None else "'Battery Power'" in batt
     return pmset_value(settings, "lowpowermode"), pmset_value(settings, "powermode"), battery
+
+
+def power_limit(probe: dict) -> Optional[Tuple[str, str]]:
+    """(SLOW_CAUSES key, fix) of what the power settings cost in speed: Low Power Mode, or Automatic on battery."""
+    low, mode, battery = power_state(probe)
+    if low == 1:
+        return "low_power", FIXES["low_power"]
+    if mode == 1:
+        return "low_power", FIXES["low_power_mode"]
+    if battery and mode in (None, 0):
+        return "battery", FIXES["battery"]
+    return None
 
 
 def check_power(host: str, probe: dict) -> Optional[Finding]:
@@ -203,16 +228,13 @@ def check_power(host: str, probe: dict) -> Optional[Finding]:
         f"Low Power Mode {'on' if low else 'off'}" if low is not None else "",
         f"power mode {POWER_MODES.get(mode, mode)}" if mode is not None else "",
         {True: "on battery", False: "on AC power", None: ""}[battery]) if p) or "pmset -g names no power mode"
-    slow = ": it caps sustained GPU speed while the thermal state still reads nominal (`mccl doctor --model M " \
-           "--batch B` measures by how much)"
-    if low == 1:
-        return Finding(host, "power", WARN, detail + slow, "sudo pmset -a lowpowermode 0")
-    if mode == 1:
-        return Finding(host, "power", WARN, detail + slow, "sudo pmset -a powermode 0 (Automatic; 2: High Power)")
-    if battery and mode in (None, 0):
-        return Finding(host, "power", WARN, detail + ": Automatic favours the battery over speed",
-                       "connect its power adapter (or System Settings > Battery > Energy Mode: High Power)")
-    return Finding(host, "power", OK, detail)
+    limit = power_limit(probe)
+    if limit is None:
+        return Finding(host, "power", OK, detail)
+    why = (": it caps sustained GPU speed while the thermal state still reads nominal (`mccl doctor --model M "
+           "--batch B` measures by how much)") if limit[0] == "low_power" else \
+        ": Automatic favours the battery over speed"
+    return Finding(host, "power", WARN, detail + why, limit[1])
 
 
 def thermal_warning(probe: dict) -> Optional[str]:
@@ -237,24 +259,24 @@ def check_thermal(host: str, probe: dict) -> Optional[Finding]:
         return None
     if warning:
         return Finding(host, "thermal", WARN, f"pmset -g therm: {warning}: macOS slows the Mac to cool it",
-                       "give it air (nothing on or against it, the room cool); `pmset -g therm` shows when it eases")
+                       FIXES["thermal"])
     return Finding(host, "thermal", OK, "no thermal or performance warning (which Low Power Mode does not raise)")
 
 
-def gpu_utilization(probe: dict) -> Optional[int]:
-    text = _text(probe, "gpu")
-    m = re.search(r'"Device Utilization %"\s*=\s*(\d+)', text or "")
-    return int(m.group(1)) if m else None
+def gpu_busy(probe: dict) -> Optional[int]:
+    """The GPU's utilization before the job (percent), where it is BUSY_GPU_PERCENT or more; else None."""
+    m = re.search(r'"Device Utilization %"\s*=\s*(\d+)', _text(probe, "gpu") or "")
+    return int(m.group(1)) if m and int(m.group(1)) >= BUSY_GPU_PERCENT else None
 
 
 def check_gpu_load(host: str, probe: dict) -> Optional[Finding]:
-    busy = gpu_utilization(probe)
-    if busy is None:
+    m = re.search(r'"Device Utilization %"\s*=\s*(\d+)', _text(probe, "gpu") or "")
+    if m is None:
         return None
-    if busy >= BUSY_GPU_PERCENT:
-        return Finding(host, "GPU load", WARN, f"GPU {busy}% busy before anything of the job runs: another program "
-                       "uses it, and the job shares it", "quit it (Activity Monitor: Window > GPU History shows the load)")
-    return Finding(host, "GPU load", OK, f"GPU {busy}% busy before the job")
+    if gpu_busy(probe) is not None:
+        return Finding(host, "GPU load", WARN, f"GPU {m.group(1)}% busy before anything of the job runs: another "
+                       "program uses it, and the job shares it", FIXES["gpu_busy"])
+    return Finding(host, "GPU load", OK, f"GPU {m.group(1)}% busy before the job")
 
 
 def chip(probe: dict) -> Optional[str]:
@@ -266,22 +288,17 @@ def chip(probe: dict) -> Optional[str]:
 def slow_causes(probe: dict, fleet_chip: Optional[str]) -> List[Tuple[str, str]]:
     """(cause, fix) for each cause of a slow Mac (straggler.SLOW_CAUSES) that its probe shows; `fleet_chip` is
     the chip most of the fleet has."""
-    low, mode, battery = power_state(probe)
     found = []
-    if low == 1 or mode == 1:
-        found.append((SLOW_CAUSES["low_power"], "sudo pmset -a lowpowermode 0" if low == 1 else
-                      "sudo pmset -a powermode 0"))
-    if battery and mode in (None, 0):
-        found.append((SLOW_CAUSES["battery"], "connect its power adapter"))
+    limit = power_limit(probe)
+    if limit is not None:
+        found.append((SLOW_CAUSES[limit[0]], limit[1]))
     thermal = thermal_warning(probe)
     if thermal:
-        found.append((f"{SLOW_CAUSES['thermal']} ({thermal})", "give it air; `pmset -g therm` shows when it eases"))
-    busy = gpu_utilization(probe)
-    if busy is not None and busy >= BUSY_GPU_PERCENT:
-        found.append((f"{SLOW_CAUSES['gpu_busy']} ({busy}% busy before the job)", "quit it (Activity Monitor: "
-                      "Window > GPU History)"))
+        found.append((f"{SLOW_CAUSES['thermal']} ({thermal})", FIXES["thermal"]))
+    busy = gpu_busy(probe)
+    if busy is not None:
+        found.append((f"{SLOW_CAUSES['gpu_busy']} ({busy}% busy before the job)", FIXES["gpu_busy"]))
     mine = chip(probe)
     if mine and fleet_chip and mine != fleet_chip:
-        found.append((f"{SLOW_CAUSES['chip']} ({mine}; most of the fleet: {fleet_chip})", "give it a smaller batch "
-                      "(lightning_mccl.straggler.propose_batch_sizes)"))
+        found.append((f"{SLOW_CAUSES['chip']} ({mine}; most of the fleet: {fleet_chip})", FIXES["chip"]))
     return found
