@@ -5,7 +5,7 @@ feeds them to a `StragglerReport`:
 
 - a rank whose compute time per step (its step time minus the time it waited for communication) is more
   than `threshold` above the median rank's in `patience` windows in a row is a straggler: one warning names
-  its host and the factor (its compute time over the median's);
+  its host, the factor (its compute time over the median's) and the likely causes on a Mac (`SLOW_CAUSES`);
 - at the end of fit, `host_table()` gives per host the median compute and wait time per step and the
   samples/s of its ranks together, and `format_table()` prints it.
 
@@ -28,6 +28,22 @@ from typing import Dict, List, Mapping, Optional, Sequence
 SUMMARY_MARKER_ENV = "MCCL_SUMMARY_MARKER"
 DEFAULT_THRESHOLD = 0.2  # slower than the median by more than 20 %
 DEFAULT_PATIENCE = 3  # windows in a row
+# Why one Mac of a fleet computes slower than the others, the usual causes first. `mccl doctor --model M --batch B`
+# times each Mac's step and looks for each of these on a slow one (lightning_mccl/launcher/fleet_checks.py); a
+# straggler warning names them all.
+SLOW_CAUSES = {
+    "low_power": "Low Power Mode",
+    "battery": "Automatic power mode on battery",
+    "thermal": "a thermal limit",
+    "gpu_busy": "another program on the GPU",
+    "chip": "an older or smaller chip",
+}
+
+
+def slow_causes_text() -> str:
+    """The likely causes of a slow Mac, as a straggler warning names them."""
+    return (f"Likely causes on a Mac: {', '.join(SLOW_CAUSES.values())}; `mccl doctor --model M --batch B` times "
+            f"each Mac's step and names which.")
 
 
 @dataclass(frozen=True)
@@ -78,7 +94,7 @@ class StragglerReport:
         steps = self.patience * self.steps_per_window
         return (f"mccl: straggler: host {w.host} (rank {w.rank}) computes {mine / median:.2f}x as long per step as"
                 f" the median rank ({mine:.3f} s vs {median:.3f} s, over the last {steps} steps); every other rank"
-                f" waits for it. On a mixed fleet, give it a smaller batch"
+                f" waits for it. {slow_causes_text()} On a mixed fleet, give it a smaller batch"
                 f" (lightning_mccl.straggler.propose_batch_sizes).")
 
     def slowest_rank(self) -> Optional[dict]:

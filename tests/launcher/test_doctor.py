@@ -65,8 +65,24 @@ def test_host_checks_name_differing_versions_missing_packages_and_silent_hosts()
     assert check_hosts([HostReport(i, f"m{i}", "a", 0, _info(), []) for i in range(3)]) == []
 
 
-def test_doctor_local_2_measures_pair_0_1_and_the_allreduce(tmp_path):
-    r = run_mccl("doctor", "--local", "2", "--iters", "3", "--latency-iters", "20", cwd=tmp_path)
+TINY = """
+import torch
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(32, 64), torch.nn.Linear(64, 10)
+        self.example_input_array = torch.zeros(2, 32)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+"""
+
+
+def test_doctor_local_2_measures_pair_0_1_the_allreduce_and_each_hosts_speed(tmp_path):
+    (tmp_path / "doctor_tiny.py").write_text(TINY)  # the ranks run in tmp_path: module:Class imports from there
+    r = run_mccl("doctor", "--local", "2", "--iters", "3", "--latency-iters", "20", "--model", "doctor_tiny:Tiny",
+                 "--batch", "8", "--steps", "3", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.elapsed < 60, f"mccl doctor --local 2 took {r.elapsed:.0f} s"
     hosts = table_rows(r.stdout, "Hosts")
@@ -79,13 +95,21 @@ def test_doctor_local_2_measures_pair_0_1_and_the_allreduce(tmp_path):
     allreduce = table_rows(r.stdout, "Allreduce")
     assert allreduce[0] == ["ranks", "size", "time ms", "algbw Gbit/s", "busbw Gbit/s"]
     assert allreduce[1][:2] == ["2", "16 MiB"] and float(allreduce[1][4]) > 0
+    speed = table_rows(r.stdout, "Speed")
+    assert speed[0] == ["rank", "host", "device", "step ms", "samples/s", "of median", "state"]
+    assert [row[:2] for row in speed[1:]] == [["0", "local"], ["1", "local"]]
+    for row in speed[1:]:  # both ranks share this machine's CPU: which is faster is not the test's to say
+        step_ms, rate = float(row[3]), float(row[4])
+        assert step_ms > 0 and rate * step_ms / 1e3 == pytest.approx(8, rel=0.006 / step_ms + 0.001), row  # batch/step
+    assert float(speed[1][5]) + float(speed[2][5]) == pytest.approx(2.0, abs=0.02)  # the median of two: their mean
     reduction = table_rows(r.stdout, "Reduction path")
-    assert reduction[0] == ["rank", "host", "CPU reducer", "MPS tensors"]
+    assert reduction[0] == ["rank", "host", "CPU reducer", "MPS tensors", "MPS per-value work"]
     assert [row[0] for row in reduction[1:]] == ["0", "1"]
     assert all(row[1].startswith("local (") for row in reduction[1:]), reduction  # the launcher's host names
     for row in reduction[1:]:
         assert row[2] in ("avx2 (selected at run time)", "sse2 (this cpu has no avx2)"), row
         assert row[3] == "no MPS device", row
+        assert row[4].startswith("torch ops: ") and "no MPS device" in row[4], row  # the group's choice
     assert "all checks passed" in r.stderr
 
 

@@ -1,11 +1,15 @@
 """`mccl doctor`'s setup checks from canned command outputs (macOS's socketfilterfw, pmset, xcode-select,
 networksetup, route, ipconfig; Linux's ip), each failing check with its exact fix; then a real doctor run
-through the stand-in ssh showing the interface and address each rank will use."""
+through the stand-in ssh showing the interface and address each rank will use. The macOS checks of a long
+GPU run (display, watchdog, power, thermal, GPU load): test_mac_checks.py."""
 from __future__ import annotations
+
+import os
+import sys
 
 from cli_runner import env_with_fake_ssh, run_mccl
 from lightning_mccl.launcher import free_port, host_probe
-from lightning_mccl.launcher.host_checks import FAIL, OK, WARN, hardware_ports, judge, path_fix
+from lightning_mccl.launcher.host_checks import CHECKS, FAIL, OK, WARN, hardware_ports, judge, path_fix
 from test_doctor import table_rows
 from test_launch import write_hostfile
 
@@ -46,25 +50,30 @@ Currently in use:
 PMSET_AWAKE = PMSET_SLEEPS.replace(" sleep                10 (sleep prevented by sharingd)", " sleep                0")
 
 
-def _mac(outputs, ifname=None):
-    """A macOS probe collected with canned outputs: {argv[0] or argv[1] for socketfilterfw: [rc, text]}."""
-    def run(argv):
-        key = argv[1] if argv[0] == FW else argv[0]
-        return outputs.get(key)
+def mac_probe(outputs, ifname=None, panic_dir="/nonexistent"):
+    """A macOS probe collected with canned outputs: {command name (host_probe.commands_for): [rc, text]}; a
+    command not given did not answer."""
     env = {"MASTER_ADDR": "10.0.0.1", **({"MCCL_SOCKET_IFNAME": ifname} if ifname else {})}
-    probe = host_probe.collect(run=run, system="Darwin", environ=env)
+    names = {tuple(argv): name for name, argv in host_probe.commands_for(
+        "Darwin", ifname, "10.0.0.1", os.path.realpath(sys.executable)).items()}
+    probe = host_probe.collect(run=lambda argv: outputs.get(names[tuple(argv)]), system="Darwin", environ=env,
+                               panic_dir=panic_dir)
     probe["executable"] = "/Users/me/proj/.venv/bin/python"
     probe["binary"] = PY  # what the venv's python links to: the firewall's rules name this one
     probe["route_addr"] = "10.0.0.7"  # what the kernel said (not asked here: this is not that Mac)
-    return {f.check: f for f in judge("studio-03", probe)}
+    return probe
+
+
+def _mac(outputs, ifname=None):
+    return {f.check: f for f in judge("studio-03", mac_probe(outputs, ifname))}
 
 
 def test_a_badly_set_up_mac_gets_a_fix_for_every_check():
-    got = _mac({"--getglobalstate": [0, "Firewall is enabled. (State = 1)\n"],
-                "--getappblocked": [0, f"The application {PY} is not part of the firewall\n"],
-                "pmset": [0, PMSET_SLEEPS], "xcode-select": [2, "xcode-select: error: unable to get active developer "
-                                                            "directory, use `sudo xcode-select --switch path/to/Xcode.app`\n"],
-                "networksetup": [0, PORTS], "route": [0, ROUTE_WIFI]})
+    got = _mac({"firewall": [0, "Firewall is enabled. (State = 1)\n"],
+                "firewall_app": [0, f"The application {PY} is not part of the firewall\n"],
+                "pmset": [0, PMSET_SLEEPS], "xcode": [2, "xcode-select: error: unable to get active developer "
+                                                     "directory, use `sudo xcode-select --switch path/to/Xcode.app`\n"],
+                "ports": [0, PORTS], "route": [0, ROUTE_WIFI]})
     assert (got["firewall"].state, got["firewall"].fix) == (
         FAIL, f"sudo {FW} --add {PY} && sudo {FW} --unblockapp {PY}")
     assert "has no rule for" in got["firewall"].detail
@@ -79,20 +88,47 @@ def test_a_badly_set_up_mac_gets_a_fix_for_every_check():
 
 
 def test_a_well_set_up_mac_passes_every_check():
-    got = _mac({"--getglobalstate": [0, "Firewall is enabled. (State = 1)\n"],
-                "--getappblocked": [0, f"The application {PY} is permitted\n"],
-                "pmset": [0, PMSET_AWAKE], "xcode-select": [0, "/Library/Developer/CommandLineTools\n"],
-                "networksetup": [0, PORTS], "ipconfig": [0, "10.0.0.7\n"]}, ifname="en0")
-    assert {c: f.state for c, f in got.items()} == {c: OK for c in ("interface", "path", "firewall", "sleep", "Xcode CLT")}
+    got = _mac({"firewall": [0, "Firewall is enabled. (State = 1)\n"],
+                "firewall_app": [0, f"The application {PY} is permitted\n"],
+                "blockall": [0, "Firewall has block all state set to disabled.\n"],
+                "stealth": [0, "Firewall stealth mode is off\n"],
+                "pmset": [0, PMSET_AWAKE], "xcode": [0, "/Library/Developer/CommandLineTools\n"],
+                "ports": [0, PORTS], "ifaddr": [0, "10.0.0.7\n"]}, ifname="en0")
+    assert {c: f.state for c, f in got.items()} == {c: OK for c in ("interface", "path", "firewall", "sleep", "Xcode CLT",
+                                                                    "display", "watchdog", "power")}
     assert got["interface"].detail == "ranks listen on 10.0.0.7 via en0 (ifname), Ethernet"
-    assert _mac({"--getglobalstate": [0, "Firewall is disabled. (State = 0)\n"]})["firewall"].state == OK
-    blocked = _mac({"--getglobalstate": [0, "Firewall is enabled. (State = 1)\n"],
-                    "--getappblocked": [0, f"The application {PY} is blocked\n"]})["firewall"]
+    assert got["firewall"].detail == f"application firewall on, {PY} allowed"
+    assert _mac({"firewall": [0, "Firewall is disabled. (State = 0)\n"]})["firewall"].state == OK
+    blocked = _mac({"firewall": [0, "Firewall is enabled. (State = 1)\n"],
+                    "firewall_app": [0, f"The application {PY} is blocked\n"]})["firewall"]
     assert blocked.state == FAIL and "blocks" in blocked.detail
 
 
+def test_stealth_mode_and_block_all_are_named():
+    on = {"firewall": [0, "Firewall is enabled. (State = 1)\n"]}
+    stealthy = _mac({**on, "firewall_app": [0, f"The application {PY} is not part of the firewall\n"],
+                     "stealth": [0, "Stealth mode enabled\n"]})["firewall"]
+    assert stealthy.state == FAIL and stealthy.fix == f"sudo {FW} --add {PY} && sudo {FW} --unblockapp {PY}"
+    assert stealthy.detail.endswith("stealth mode on: a connection it blocks is dropped, and a peer waits for its "
+                                    "timeout"), stealthy.detail
+    walled = _mac({**on, "firewall_app": [0, f"The application {PY} is permitted\n"],
+                   "blockall": [0, "Firewall has block all state set to enabled.\n"]})["firewall"]
+    assert (walled.state, walled.fix) == (FAIL, f"sudo {FW} --setblockall off")
+    assert "blocking all incoming connections" in walled.detail
+
+
+def test_every_check_is_declared_once_with_what_it_looks_at():
+    names = [c.name for c in CHECKS]
+    assert len(names) == len(set(names))
+    assert {"display", "watchdog", "power", "thermal", "GPU load", "firewall", "connections", "speed"} <= set(names)
+    assert all(c.about and c.hosts in ("every host", "macOS") and c.stage in ("setup", "measurement") for c in CHECKS)
+    # judge runs the setup checks in their declared order
+    order = [f.check for f in judge("studio-03", mac_probe({"pmset": [0, PMSET_AWAKE]}))]
+    assert order == [n for n in names if n in order]
+
+
 def test_an_ifname_without_an_address_fails_listing_the_ports():
-    got = _mac({"networksetup": [0, PORTS], "ipconfig": [1, ""]}, ifname="en5")
+    got = _mac({"ports": [0, PORTS], "ifaddr": [1, ""]}, ifname="en5")
     assert got["interface"].state == FAIL
     assert got["interface"].fix == ("set this host's ifname in the hostfile to a connected interface: en0 (Ethernet), "
                                     "en1 (Wi-Fi), bridge0 (Thunderbolt Bridge)")

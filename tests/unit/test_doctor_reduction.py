@@ -16,17 +16,20 @@ class TwoRanks:
         out[0], out[1] = mine, self.other
 
 
-def test_every_rank_reports_its_cpu_reducer_and_mps_path():
+def test_every_rank_reports_its_cpu_reducer_mps_path_and_metal_path():
     mac = {"host": "studio-02", "machine": "arm64", "cpu": "neon (float16 converted in hardware)",
-           "mps": "in place: MPS shared storage (unified memory)"}
+           "mps": "in place: MPS shared storage (unified memory)",
+           "metal": "Metal kernels (self-tested against the CPU codec)"}
     rows = doctor_reduction.reports(TwoRanks(mac))
     assert rows[1] == mac
     assert rows[0]["mps"] == "no MPS device"
+    assert rows[0]["metal"] == "torch ops: no MPS device"  # lightning_mccl.metal.describe() without a group
     assert rows[0]["cpu"] in ("avx2 (selected at run time)", "sse2 (this cpu has no avx2)")
     table = doctor_reduction.table(rows)
-    assert [c.header for c in table.columns] == ["rank", "host", "CPU reducer", "MPS tensors"]
+    assert [c.header for c in table.columns] == ["rank", "host", "CPU reducer", "MPS tensors", "MPS per-value work"]
     assert table.row_count == 2
     assert list(table.columns[2].cells) == [rows[0]["cpu"], mac["cpu"]]
+    assert list(table.columns[4].cells) == [rows[0]["metal"], mac["metal"]]
 
 
 def test_the_mps_column_is_the_bindings_own_answer(monkeypatch):

@@ -24,6 +24,9 @@ def test_warning_needs_patience_and_names_host_and_factor():
     (message,) = report.add(window([0.1, 0.1, 0.3]))
     assert "host b (rank 2) computes 3.00x as long per step as the median rank" in message
     assert "over the last 15 steps" in message
+    assert ("Likely causes on a Mac: Low Power Mode, Automatic power mode on battery, a thermal limit, another program "
+            "on the GPU, an older or smaller chip; `mccl doctor --model M --batch B` times each Mac's step and names "
+            "which.") in message
     assert report.add(window([0.1, 0.1, 0.3])) == []  # once per rank
     assert StragglerReport(threshold=0.5, patience=1).add(window([0.1, 0.1, 0.14])) == []  # under the threshold
 

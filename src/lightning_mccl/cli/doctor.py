@@ -3,12 +3,19 @@
     mccl doctor --hostfile fleet.yaml
     mccl doctor --local 2
 
+    mccl doctor --hostfile fleet.yaml --model vit_base_patch16_224 --batch 32   # also each Mac's speed
+
 1. Every host, through the launcher (so over ssh for a hostfile): reachable? Which Python, torch,
-   lightning-mccl and lightning (the same everywhere?), and is the master port free on host 0?
+   lightning-mccl and lightning (the same everywhere?), and is the master port free on host 0? Then its
+   setup (`launcher.host_checks.CHECKS`): addresses and interfaces; on a Mac, the firewall, sleep, the
+   display and macOS 26's GPU watchdog, recent panics, power mode, thermal state and GPU load.
 2. Then, if every host answered with torch and lightning-mccl installed and the port is free, the
-   measurement program `doctor_bench` runs on every host through the launcher (backend "mccl"): ping-pong
-   latency and one-way bandwidth for every pair of hosts, the fleet's allreduce bus bandwidth, and each
-   rank's reduction path (CPU vector instructions, MPS in place or staged) with the reason.
+   measurement program `doctor_bench` runs on every host through the launcher (backend "mccl"): a connection
+   from every host to every other (a failure named with its likely cause: macOS's Local Network privacy, a
+   firewall), ping-pong latency and one-way bandwidth for every pair of hosts, the fleet's allreduce bus
+   bandwidth, with --model and --batch each host's samples/s at the model's training step (a Mac below 0.8
+   of the median named with its likely causes), and each rank's reduction path (CPU vector instructions,
+   MPS in place or staged, Metal kernels or torch ops) with the reason.
 
 Tables go to stdout, progress and problems to stderr. Exit code 0 when every check passed, 1 otherwise
 (2 for bad arguments).
@@ -24,11 +31,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..hostfile import HostfileError
-from ..launcher import LaunchError, LaunchPlan, first_error, supervise
+from ..launcher import LaunchError, LaunchPlan, RankTails, supervise
 from ..launcher.doctor_bench import RESULT_MARKER
 from ..launcher.doctor_checks import (PROBE_MARKER, PROBE_TIMEOUT_S, VERSIONS, CapturedOutput, HostReport,
                                       bench_command, check_hosts, probe_command, setup_findings)
 from ..launcher.doctor_reduction import table as reduction_table
+from ..launcher.fleet_checks import check_connections, check_speed, median_rate
 from ..launcher.host_checks import FAIL, OK, Finding
 from ..tables import stdout_console
 from .arg_types import mib, positive_int, positive_seconds
@@ -50,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", metavar="S", type=positive_seconds, default=180.0,
                         help="limit for the measurement run, seconds (default: %(default)g)")
     parser.add_argument("--verbose", action="store_true", help="show the hosts' output (prefixed, on stderr)")
+    speed = parser.add_argument_group("each host's speed (optional)")
+    speed.add_argument("--model", help="time this model's training step on every host, on the device its ranks use "
+                                       "(a timm name or module:Class, as mccl plan takes)")
+    speed.add_argument("--batch", metavar="B", type=positive_int, help="samples per step for --model")
+    speed.add_argument("--steps", metavar="N", type=positive_int, default=5,
+                       help="timed steps for --model, after 2 untimed (default: %(default)d)")
 
 
 def hosts_table(reports: Sequence[HostReport], port: int) -> Table:
@@ -74,8 +88,8 @@ def hosts_table(reports: Sequence[HostReport], port: int) -> Table:
     return table
 
 
-def setup_table(findings: Sequence[Finding]) -> Table:
-    table = Table(title="Host setup", title_justify="left")
+def setup_table(findings: Sequence[Finding], title: str = "Host setup") -> Table:
+    table = Table(title=title, title_justify="left")
     for col in ("host", "check", "state", "detail", "fix"):
         table.add_column(col)
     colour = {OK: "green", FAIL: "red"}
@@ -111,6 +125,22 @@ def allreduce_table(result: dict) -> Table:
     return table
 
 
+def speed_table(speeds: Sequence[dict], findings: Sequence[Finding], plan: LaunchPlan) -> Table:
+    """Each rank's samples/s at the model's step; the slow ones' likely causes follow as warnings."""
+    table = Table(title="Speed (the model's training step)", title_justify="left")
+    for col, justify in (("rank", "right"), ("host", "left"), ("device", "left"), ("step ms", "right"),
+                         ("samples/s", "right"), ("of median", "right"), ("state", "left")):
+        table.add_column(col, justify=justify)
+    median = median_rate(speeds)
+    colour = {OK: "green", FAIL: "red"}
+    for rank, (s, f) in enumerate(zip(speeds, findings)):
+        timed = ("", "", "", "") if "error" in s else (
+            escape(s["device_name"]), f"{s['step_s'] * 1e3:.2f}", f"{s['samples_per_s']:.1f}",
+            f"{s['samples_per_s'] / median:.2f}")
+        table.add_row(str(rank), escape(plan.hosts[rank].name), *timed, f"[{colour.get(f.state, 'yellow')}]{f.state}[/]")
+    return table
+
+
 def _size(nbytes: float) -> str:
     return f"{nbytes / (1 << 20):g} MiB" if nbytes >= (1 << 20) else f"{nbytes / 1024:g} KiB"
 
@@ -118,6 +148,8 @@ def _size(nbytes: float) -> str:
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Optional[Sequence[str]]) -> int:
     if command:
         parser.error("mccl doctor takes no command")
+    if bool(args.model) != bool(args.batch):
+        parser.error("--model and --batch go together: the model to time, and its samples per step")
     try:
         probe_plan = plan_from_args(args, probe_command(args.python), nproc_per_node=1)  # one rank a host
     except (LaunchError, HostfileError) as e:
@@ -161,21 +193,32 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
 
     # 2. the links
     bench = bench_command(probe_plan.python, size_mib=args.size_mib, iters=args.iters,
-                          latency_iters=args.latency_iters, pg_timeout=max(10.0, args.timeout - 10.0))
+                          latency_iters=args.latency_iters, pg_timeout=max(10.0, args.timeout - 10.0),
+                          model=args.model, batch=args.batch or 0, steps=args.steps)
     bench_plan = replace(probe_plan, command=tuple(bench))
     log(f"measuring over mccl: {bench_plan.describe()}")
     specs = bench_plan.rank_specs()
     captured = CapturedOutput(specs, echo=args.verbose)
-    outcome = supervise(bench_plan, log=log, output=captured, fail_fast=True, timeout=args.timeout)
+    tails = RankTails(captured)  # each rank's first error, and a known cause (the GPU watchdog) named anywhere
+    outcome = supervise(bench_plan, log=log, output=tails, fail_fast=True, timeout=args.timeout)
     if outcome.signal is not None:  # Ctrl-C (also while the ranks stopped after a failure): one line, above
         return 128 + outcome.signal
+    hosts = [h.name for h in bench_plan.hosts]
+    setups = [r.info.get("setup") if r.info else None for r in reports]
+    unreachable = captured.unreachable()
+    if unreachable:
+        found = check_connections(hosts, setups, unreachable)
+        out.print(setup_table(found, "Connections (from the ranks' Python, before the measurement)"))
+        for f in found:
+            log(f"[problem] {f.host}: {f.check}: {f.detail}; fix: {f.fix}")
+        return 1
     result = captured.marked(0, RESULT_MARKER) if outcome.returncode == 0 else None
     if result is None:
         rank = outcome.failed.spec.rank if outcome.failed is not None else 0
-        error = first_error(captured.lines.get(rank, []))
+        error, cause = tails.first_error(rank), tails.named_cause(rank)
         log(f"the measurement failed ({outcome.reason}, exit code {outcome.returncode})"
-            + (f": rank {rank} ({bench_plan.hosts[rank].name}): {error}" if error else "")
-            + f"; the last output of rank {rank} ({bench_plan.hosts[rank].name}):")
+            + (f": rank {rank} ({hosts[rank]}): {error}" if error else "") + (f". The cause: {cause}" if cause else "")
+            + f"; the last output of rank {rank} ({hosts[rank]}):")
         for text in captured.tail(rank, 25):
             log(f"    {text}")
         return 1
@@ -186,6 +229,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     if result["allreduce"]:
         out.print(allreduce_table(result))
         out.print("[dim]busbw = algbw × 2(n-1)/n, the slowest rank's median time[/]")
+    if result.get("speed"):
+        found = check_speed(hosts, setups, result["speed"])
+        out.print(speed_table(result["speed"], found, bench_plan))
+        for f in found:
+            if f.state != OK:
+                log(f"[warning] {f.host}: {f.check}: {f.detail}" + (f"; fix: {f.fix}" if f.fix else ""))
     if result.get("reduction"):
         out.print(reduction_table(result["reduction"]))
     if problems:

@@ -8,11 +8,13 @@ library but this package's own torch-free modules.
   `switch_plan` and `hostfile_plan` build each kind.
 - Running them: `supervise(plan)` (`supervisor`): every rank's output on one stream, the first failure
   stops the others, signals forwarded, deadlines; `run_job(plan)` (`job`) adds restarts and the launcher's
-  output stages, in front of `PrefixedOutput`: `RankTails` and `first_error` (`error_line`), `QuietStop`,
+  output stages, in front of `PrefixedOutput`: `RankTails` and `first_error` (`error_line`; a cause the output
+  names anywhere, such as macOS's GPU watchdog: `known_causes`), `QuietStop`,
   `SameLines`, `SummaryTap` (`fleet_summary`), `ProgressLines` (`progress`: rank 0's progress bar live on a
   terminal, now and then in a log).
-- `mccl doctor`'s parts: `doctor_checks` (the probe and its judgement, with `host_probe`, `host_checks`,
-  `host_net`), `doctor_bench` (the measurement ranks run) and `doctor_reduction`.
+- `mccl doctor`'s parts: `doctor_checks` (the probe and its judgement, with `host_probe`, `host_checks` (every
+  check declared), `findings`, `mac_checks`, `host_net`), `doctor_bench` (the measurement ranks run, with
+  `doctor_reach`, `doctor_speed` and `doctor_reduction`) and `fleet_checks` (its judgement).
 - `free_port()`: a free TCP port, for ``--local`` and for every test and benchmark that needs one.
 """
 from .error_line import RankTails, first_error

@@ -15,7 +15,10 @@ Pairs are measured in rounds of disjoint pairs (round-robin "circle" schedule), 
 takes n - 1 rounds, not n(n - 1)/2 steps, and no host serves two pairs at once. Then the whole fleet runs
 allreduce(size) and reports its bus bandwidth, time x 2(n - 1)/n, as nccl-tests do.
 
-Last, every rank reports its reduction path (doctor_reduction.py). Rank 0 prints one line,
+Before all that, every rank connects to every other from its own Python (`doctor_reach`): where one cannot,
+every rank prints ``MCCL_DOCTOR_REACH [failures]`` and exits 1, before the process group (which would only time
+out). With ``--model M --batch B``, every rank then times the model's training step on its device
+(`doctor_speed`). Last, every rank reports its reduction path (doctor_reduction.py). Rank 0 prints one line,
 ``MCCL_DOCTOR_RESULT {json}``, on stdout; `mccl doctor` reads it.
 """
 from __future__ import annotations
@@ -29,9 +32,10 @@ import time
 from datetime import timedelta
 from typing import List, Optional, Sequence, Tuple
 
-from . import doctor_reduction
+from . import doctor_reach, doctor_reduction, doctor_speed
 
 RESULT_MARKER = "MCCL_DOCTOR_RESULT "
+REACH_MARKER = "MCCL_DOCTOR_REACH "
 WARMUP = 2
 
 
@@ -139,7 +143,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--latency-iters", type=int, default=50)
     parser.add_argument("--pg-timeout", type=float, default=60.0, help="process group timeout, seconds")
+    parser.add_argument("--model", help="time this model's training step on every rank (doctor_speed)")
+    parser.add_argument("--batch", type=int, default=32, help="samples per step for --model")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps for --model")
     args = parser.parse_args(argv)
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    failed = doctor_reach.reach_master(rank) if rank != 0 else None
+    if failed is not None:
+        return _unreachable([failed])
 
     import torch.distributed as dist
 
@@ -147,23 +159,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from ..rendezvous import RendezvousError, rendezvous
 
     timeout = timedelta(seconds=args.pg_timeout)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     try:
         store = rendezvous(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), rank, world, timeout)
     except RendezvousError as e:
         sys.stderr.write(f"RendezvousError: {e}\n")
         return 1
+    failures = doctor_reach.reach_all(store, rank, world) if world > 1 else []
+    if failures:
+        return _unreachable(failures)
     dist.init_process_group("mccl", store=store, rank=rank, world_size=world, timeout=timeout)
     try:
         result = measure(int(args.size_mib * (1 << 20)), args.iters, args.latency_iters)
+        speeds = None
+        if args.model:
+            speeds = [None] * world
+            dist.all_gather_object(speeds, doctor_speed.measure_step(args.model, args.batch, args.steps))
         reduction = doctor_reduction.reports(dist)  # every rank
         if result is not None:
             result["reduction"] = reduction
+            result["speed"] = speeds
             sys.stdout.write(RESULT_MARKER + json.dumps(result) + "\n")
             sys.stdout.flush()
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _unreachable(failures: List[dict]) -> int:
+    """Prints the failed connections (every rank that knows them, so that `mccl doctor` reads them whichever rank
+    the launcher stops first) and returns the exit code."""
+    sys.stdout.write(REACH_MARKER + json.dumps(failures) + "\n")
+    sys.stdout.flush()
+    return 1
 
 
 if __name__ == "__main__":

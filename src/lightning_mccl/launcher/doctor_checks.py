@@ -1,7 +1,7 @@
 """What `mccl doctor` runs on every host and reads back: the probe program (versions, the master port,
 `host_probe`'s setup), each host's report, and the problems found in them (`host_checks` judges the setup);
-then the measurement program (`doctor_bench`) and its result. The tables are the command's own
-(`lightning_mccl.cli.doctor`)."""
+then the measurement program (`doctor_bench`), the connections it could not make, and its result (judged by
+`fleet_checks`). The tables are the command's own (`lightning_mccl.cli.doctor`)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from . import host_probe
-from .doctor_bench import RESULT_MARKER
+from .doctor_bench import REACH_MARKER, RESULT_MARKER
 from .host_checks import Finding, judge, path_fix
 from .prefixed_output import PrefixedOutput
 from .rank_process import RankSpec
@@ -56,10 +56,12 @@ def probe_command(python: str) -> List[str]:
     return [python, "-c", Path(host_probe.__file__).read_text() + PROBE_MAIN]
 
 
-def bench_command(python: str, *, size_mib: float, iters: int, latency_iters: int, pg_timeout: float) -> List[str]:
-    """The measurement (`doctor_bench`) as a command for every host."""
+def bench_command(python: str, *, size_mib: float, iters: int, latency_iters: int, pg_timeout: float,
+                  model: Optional[str] = None, batch: int = 0, steps: int = 0) -> List[str]:
+    """The measurement (`doctor_bench`) as a command for every host (with `model`: each host's speed at it)."""
+    speed = ["--model", model, "--batch", str(batch), "--steps", str(steps)] if model else []
     return [python, "-m", "lightning_mccl.launcher.doctor_bench", "--size-mib", f"{size_mib:g}", "--iters",
-            str(iters), "--latency-iters", str(latency_iters), "--pg-timeout", f"{pg_timeout:g}"]
+            str(iters), "--latency-iters", str(latency_iters), "--pg-timeout", f"{pg_timeout:g}", *speed]
 
 
 class CapturedOutput:
@@ -88,7 +90,17 @@ class CapturedOutput:
         return None
 
     def tail(self, rank: int, n: int = 15) -> List[str]:
-        return [t for t in self.lines.get(rank, []) if not t.startswith((PROBE_MARKER, RESULT_MARKER))][-n:]
+        return [t for t in self.lines.get(rank, []) if not t.startswith((PROBE_MARKER, RESULT_MARKER, REACH_MARKER))
+                ][-n:]
+
+    def unreachable(self) -> List[dict]:
+        """The connections the measurement's ranks could not make (`doctor_reach`): every rank that knew them
+        printed them, as a REACH_MARKER line."""
+        found = {}
+        for rank in sorted(self.lines):
+            for f in self.marked(rank, REACH_MARKER) or []:
+                found[(f["from"], f["to"])] = f
+        return [found[k] for k in sorted(found)]
 
 
 @dataclass

@@ -5,6 +5,8 @@
 - MPS tensors: read and written in place (shared storage: the CPU addresses the same memory) or staged
   through reused host buffers, and why: the answer of the binding itself (csrc/torch/host_memory.hpp)
   for a tensor the size of a gradient bucket, allocated by torch's MPS allocator as training's are.
+- MPS per-value work (the 8-bit path's encode and decode, DiLoCo's): the Metal kernels, or torch ops and why,
+  as the group chose (`lightning_mccl.metal.describe`: every rank of a group takes the same path).
 
 reports() runs on every rank of the doctor's measurement (doctor_bench), after the process group is up;
 table() renders rank 0's gathered list.
@@ -50,13 +52,22 @@ def mps_path() -> str:
     return f"in place: {why}" if in_place else f"staged through reused host buffers: {why}"
 
 
+def metal_path() -> str:
+    from lightning_mccl.metal import describe
+
+    try:
+        return describe()
+    except Exception as e:  # a report, not a reason to stop the doctor's other tables
+        return f"unknown ({type(e).__name__}: {e})"
+
+
 def reports(dist) -> List[dict]:
     """Every rank's report, in rank order (a collective: every rank must call it)."""
     from lightning_mccl.rendezvous import launcher_hosts
 
     hosts = launcher_hosts(dist.get_world_size())  # the launcher's names, as its [host rN] prefixes say
     mine = {"host": hosts[dist.get_rank()] if hosts else socket.gethostname(), "machine": platform.machine(),
-            "cpu": cpu_vector_path(), "mps": mps_path()}
+            "cpu": cpu_vector_path(), "mps": mps_path(), "metal": metal_path()}
     everyone: List[dict] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(everyone, mine)
     return everyone
@@ -64,8 +75,9 @@ def reports(dist) -> List[dict]:
 
 def table(rows: Sequence[dict]) -> Table:
     t = Table(title="Reduction path (per rank)", title_justify="left")
-    for col in ("rank", "host", "CPU reducer", "MPS tensors"):
+    for col in ("rank", "host", "CPU reducer", "MPS tensors", "MPS per-value work"):
         t.add_column(col)
     for rank, r in enumerate(rows):
-        t.add_row(str(rank), escape(f"{r['host']} ({r['machine']})"), escape(r["cpu"]), escape(r["mps"]))
+        t.add_row(str(rank), escape(f"{r['host']} ({r['machine']})"), escape(r["cpu"]), escape(r["mps"]),
+                  escape(r.get("metal", "")))
     return t

@@ -20,7 +20,8 @@ torchrun's "root cause" summary) and `mccl doctor`'s report of a failed measurem
 `is_peer_loss(line)` says whether an error line is a rank's report that a peer went away (its connection
 closed, reset or aborted): the consequence of another rank's failure, rarely its cause (`peer_loss`).
 
-`RankTails` is a launcher output stage that keeps the last lines of every rank for it.
+`RankTails` is a launcher output stage that keeps the last lines of every rank for it, and each rank's first
+line that names a known cause (`known_causes`: macOS's GPU watchdog, a lost host), wherever in its output.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from .known_causes import KnownCause, known_cause
 from .prefixed_output import OutputStage
 from .terminal import visible
 
@@ -167,16 +169,27 @@ def first_error(lines: Sequence[str]) -> Optional[str]:
 
 
 class RankTails(OutputStage):
-    """An output stage: passes every line on to `output` and keeps each rank's last TAIL_LINES."""
+    """An output stage: passes every line on to `output` and keeps each rank's last TAIL_LINES, and the first
+    known cause each rank's output names."""
 
     def __init__(self, output, keep: int = TAIL_LINES):
         super().__init__(output)
         self._keep = keep
         self._tails: Dict[int, deque] = {}
+        self._causes: Dict[int, Tuple[str, KnownCause]] = {}  # rank: (its host, the cause)
 
     def line(self, spec, text: str) -> None:
         self._tails.setdefault(spec.rank, deque(maxlen=self._keep)).append(text)
+        if spec.rank not in self._causes:
+            cause = known_cause(text)
+            if cause is not None:
+                self._causes[spec.rank] = (spec.host, cause)
         self._output.line(spec, text)
+
+    def named_cause(self, rank: int) -> Optional[str]:
+        """The known cause `rank`'s output named, else the first other rank's (in rank order), explained; None."""
+        found = self._causes.get(rank) or next((self._causes[r] for r in sorted(self._causes)), None)
+        return found[1].explain.format(host=found[0]) if found else None
 
     def first_error(self, rank: int) -> Optional[str]:
         return first_error(list(self._tails.get(rank, ())))

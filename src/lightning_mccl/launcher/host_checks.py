@@ -1,44 +1,31 @@
-"""`mccl doctor`'s setup checks: what `host_probe` collected on a host, judged, each with the exact fix.
+"""`mccl doctor`'s host checks, declared once (`CHECKS`: what each looks at, on which hosts, from which stage),
+and the network checks themselves: what `host_probe` collected on a host, judged, each with the exact fix.
 
 Every host: whether the hostfile's ``addr`` for it is one of its own addresses (its peers connect there;
 host 0's is every rank's MASTER_ADDR), and which interface has it; the interface and address its ranks
 will listen on (MCCL_SOCKET_IFNAME from the hostfile's ``ifname``, else the interface that routes to
 MASTER_ADDR), and Lightning's Gloo groups with them (GLOO_SOCKET_IFNAME, `host_net`); the working directory
-and Python they run with. macOS hosts also: the application firewall (ranks accept connections from their
-peers; the prompt "accept incoming connections?" cannot be answered on a Mac reached over ssh), sleep (a
-sleeping Mac drops out of the job and out of ssh), the Xcode command-line tools (needed to build
-lightning-mccl), and whether the interface is Wi-Fi (slow, and variable: a fleet wants Ethernet or a
-Thunderbolt bridge).
+and Python they run with; whether the interface is Wi-Fi (slow, and variable: a fleet wants Ethernet or a
+Thunderbolt bridge). macOS hosts also get `mac_checks`' (firewall, sleep, Xcode, display, watchdog panics,
+power, thermal, GPU load). The measurement's own checks (connections between every pair, each Mac's speed)
+are `fleet_checks`'.
 
-`judge(host, probe, addr)` returns `Finding`s; `state` is ``ok``, ``warn`` (works, but see the fix) or ``fail``
-(the job will not run or will hang until it is fixed).
+`judge(host, probe, addr)` returns the setup `Finding`s of one host, in CHECKS' order; `state` is ``ok``,
+``warn`` (works, but see the fix) or ``fail`` (the job will not run or will hang until it is fixed).
 """
 from __future__ import annotations
 
 import ipaddress
 import re
-import shlex
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from ..hostfile import resolve
-from .host_probe import SOCKETFILTERFW
+from . import mac_checks
+from .fleet_checks import SLOW_FRACTION, check_connections, check_speed
+from .findings import FAIL, OK, WARN, Finding, command_output
 
-OK, WARN, FAIL = "ok", "warn", "fail"
-
-
-@dataclass(frozen=True)
-class Finding:
-    host: str
-    check: str
-    state: str
-    detail: str
-    fix: Optional[str] = None  # a command to run on that host, or what to change
-
-
-def _output(probe: dict, name: str) -> Optional[tuple]:
-    got = (probe.get("commands") or {}).get(name)
-    return (got[0], got[1]) if got else None
+__all__ = ["CHECKS", "FAIL", "OK", "WARN", "Check", "Finding", "hardware_ports", "judge", "path_fix"]
 
 
 def hardware_ports(text: str) -> Dict[str, str]:
@@ -73,10 +60,10 @@ def _wired(ports: Dict[str, str]) -> List[str]:
 
 
 def check_interface(host: str, probe: dict) -> Finding:
-    ports = hardware_ports(_output(probe, "ports")[1]) if _output(probe, "ports") else {}
+    ports = hardware_ports(command_output(probe, "ports")[1]) if command_output(probe, "ports") else {}
     ifname = probe.get("ifname")
     if ifname:
-        got = _output(probe, "ifaddr")
+        got = command_output(probe, "ifaddr")
         addr = interface_address(got[1]) if got and got[0] == 0 else None
         if addr is None:
             choices = ", ".join(f"{d} ({n})" for d, n in ports.items()) or "see `ifconfig`"
@@ -84,7 +71,7 @@ def check_interface(host: str, probe: dict) -> Finding:
                            f"set this host's ifname in the hostfile to a connected interface: {choices}")
         source = f"{ifname} (ifname)"
     else:
-        got = _output(probe, "route")
+        got = command_output(probe, "route")
         ifname = route_interface(got[1]) if got else None
         addr = probe.get("route_addr")
         if addr is None:
@@ -108,9 +95,13 @@ def _usable(address: str) -> bool:
     return not (ip.is_loopback or ip.is_link_local)
 
 
-def check_addr(host: str, probe: dict, addr: str) -> Optional[Finding]:
-    """Whether `addr` (the hostfile's, resolved here) is one of this host's addresses, and on which interface;
-    None when the probe could not list them (no lightning-mccl for the ranks' Python: reported as such)."""
+def check_addr(host: str, probe: dict) -> Optional[Finding]:
+    """Whether the hostfile's addr for this host (``hostfile_addr``, resolved here) is one of its addresses, and
+    on which interface; None when the probe could not list them (no lightning-mccl for the ranks' Python: reported
+    as such) or no addr was given."""
+    addr = probe.get("hostfile_addr")
+    if not addr:
+        return None
     have = probe.get("addresses")
     if have is None:
         return None
@@ -134,50 +125,59 @@ def check_path(host: str, probe: dict) -> Finding:
     return Finding(host, "path", OK, f"runs in {probe.get('cwd')} with {probe.get('executable')}")
 
 
-def check_firewall(host: str, probe: dict) -> Finding:
-    got = _output(probe, "firewall")
-    if got is None:
-        return Finding(host, "firewall", WARN, f"{SOCKETFILTERFW} did not answer", None)
-    if "disabled" in got[1] or "State = 0" in got[1]:
-        return Finding(host, "firewall", OK, "application firewall off")
-    py = probe.get("binary") or probe.get("executable") or "PYTHON"
-    allow = (f"sudo {SOCKETFILTERFW} --add {shlex.quote(py)} && sudo {SOCKETFILTERFW} --unblockapp {shlex.quote(py)}")
-    app = _output(probe, "firewall_app")
-    text = app[1] if app else ""
-    if "permitted" in text:
-        return Finding(host, "firewall", OK, f"application firewall on, {py} allowed")
-    why = "blocks" if "blocked" in text else "has no rule for"
-    return Finding(host, "firewall", FAIL, f"application firewall on and {why} {py}: peers cannot connect to "
-                   "its ranks (the allow prompt cannot be answered over ssh)", allow)
+EVERY, MACOS = "every host", "macOS"
+SETUP, MEASURED = "setup", "measurement"
 
 
-def check_sleep(host: str, probe: dict) -> Finding:
-    got = _output(probe, "pmset")
-    m = re.search(r"^\s*sleep\s+(\d+)", got[1], re.M) if got else None
-    if m is None:
-        return Finding(host, "sleep", WARN, "`pmset -g` did not say", None)
-    minutes = int(m.group(1))
-    if minutes == 0:
-        return Finding(host, "sleep", OK, "system sleep off")
-    return Finding(host, "sleep", WARN, f"sleeps after {minutes} min idle (kept awake during a job by "
-                   "--caffeinate, but a sleeping Mac is unreachable between jobs)", "sudo pmset -a sleep 0")
+@dataclass(frozen=True)
+class Check:
+    """One of `mccl doctor`'s host checks: the name its tables show, the hosts it applies to, its stage (SETUP:
+    judged from the probe, before anything runs; MEASURED: from doctor_bench's run), what it looks at (for
+    `mccl doctor --help`) and its judgement: for SETUP, (host, probe) -> Finding or None (nothing to say); for
+    MEASURED, (hosts, setups, what was measured) -> [Finding] (`fleet_checks`)."""
+    name: str
+    hosts: str
+    stage: str
+    about: str
+    run: Callable
 
 
-def check_xcode(host: str, probe: dict) -> Finding:
-    got = _output(probe, "xcode")
-    if got is not None and got[0] == 0 and got[1].strip():
-        return Finding(host, "Xcode CLT", OK, got[1].strip())
-    return Finding(host, "Xcode CLT", WARN, "command-line tools missing (needed to build lightning-mccl)",
-                   "xcode-select --install")
+CHECKS = (
+    Check("addr", EVERY, SETUP, "the hostfile's addr is one of the host's own addresses, and on which interface",
+          check_addr),
+    Check("interface", EVERY, SETUP, "the interface and address the ranks listen on (ifname, else the route to "
+          "host 0), and Lightning's Gloo groups; Wi-Fi named", check_interface),
+    Check("path", EVERY, SETUP, "the working directory and the Python the ranks run with", check_path),
+    Check("firewall", MACOS, SETUP, "the application firewall lets the ranks' Python (its real file) accept "
+          "connections: socketfilterfw --getglobalstate, --getblockall, --getappblocked, --getstealthmode",
+          mac_checks.check_firewall),
+    Check("sleep", MACOS, SETUP, "system sleep (pmset -g): a sleeping Mac leaves the job", mac_checks.check_sleep),
+    Check("Xcode CLT", MACOS, SETUP, "the command-line tools that build lightning-mccl", mac_checks.check_xcode),
+    Check("display", MACOS, SETUP, "display sleep, displays attached and on, what keeps them awake, the console "
+          "user: macOS 26's GPU watchdog kills GPU work while a display is awake", mac_checks.check_display),
+    Check("watchdog", MACOS, SETUP, "kernel panic reports of the last days (/Library/Logs/DiagnosticReports): a "
+          "reboot under the GPU watchdog", mac_checks.check_watchdog),
+    Check("power", MACOS, SETUP, "Low Power Mode, the power mode, AC or battery (pmset -g, pmset -g batt)",
+          mac_checks.check_power),
+    Check("thermal", MACOS, SETUP, "thermal and performance warnings (pmset -g therm)", mac_checks.check_thermal),
+    Check("GPU load", MACOS, SETUP, "the GPU's utilization before the job (ioreg IOAccelerator): another program "
+          "on it", mac_checks.check_gpu_load),
+    Check("connections", EVERY, MEASURED, "every host connects to every other from the ranks' Python; a failure "
+          "named with its cause (macOS Local Network privacy, a firewall)", check_connections),
+    Check("speed", EVERY, MEASURED, "with --model and --batch: each host's samples/s on its training device; a Mac "
+          f"below {SLOW_FRACTION:g} of the fleet's median named with its likely causes", check_speed),
+)
 
 
 def judge(host: str, probe: dict, addr: Optional[str] = None) -> List[Finding]:
-    """Every finding for one host (whose hostfile `addr` is checked when given), in the order the table shows
-    them."""
-    found = [f for f in (check_addr(host, probe, addr) if addr else None,) if f is not None]
-    found += [check_interface(host, probe), check_path(host, probe)]
-    if probe.get("system") == "Darwin":
-        found += [check_firewall(host, probe), check_sleep(host, probe), check_xcode(host, probe)]
+    """Every setup finding for one host (whose hostfile `addr` is checked when given), in CHECKS' order."""
+    probe = dict(probe, hostfile_addr=addr)
+    found = []
+    for check in CHECKS:
+        if check.stage == SETUP and (check.hosts == EVERY or probe.get("system") == "Darwin"):
+            finding = check.run(host, probe)
+            if finding is not None:
+                found.append(finding)
     return found
 
 

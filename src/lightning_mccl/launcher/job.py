@@ -58,8 +58,12 @@ def job_output(plan: LaunchPlan, progress_every: float = PROGRESS_EVERY_S) -> Jo
 def failure_line(outcome: Outcome, output: RankTails) -> str:
     """"; its first error: ..." for the failed rank of `outcome` (`error_line`), and when that only says that
     it lost a peer, "; the cause, rank N's first error: ..." of a rank whose error is another; else, when it
-    exited by itself (code 1-127, not killed by a signal), "; its last line: ..."; else ""."""
+    exited by itself (code 1-127, not killed by a signal), "; its last line: ..."; else "". Then, where a rank's
+    output named a known cause (`known_causes`: macOS's GPU watchdog, a lost host), ". The cause: ...", with
+    what to do."""
     rank, code = outcome.failed.spec.rank, outcome.failed.returncode
+    named = output.named_cause(rank)
+    named = f". The cause: {named}" if named else ""
     error = output.first_error(rank)
     if error:
         cause = ""
@@ -67,9 +71,9 @@ def failure_line(outcome: Outcome, output: RankTails) -> str:
             others = ((r, output.first_error(r)) for r in output.ranks() if r != rank)
             root = next(((r, e) for r, e in others if e and not is_peer_loss(e)), None)
             cause = f"; the cause, rank {root[0]}'s first error: {root[1]}" if root else ""
-        return f"; its first error: {error}{cause}"
+        return f"; its first error: {error}{cause}{named}"
     last = output.last_line(rank) if code is not None and 0 < code < 128 else None
-    return f"; its last line: {last}" if last else ""
+    return (f"; its last line: {last}" if last else "") + named
 
 
 def run_job(plan: LaunchPlan, *, log: Callable[[str], None], fresh_port: bool = False,
