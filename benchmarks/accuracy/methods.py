@@ -6,7 +6,16 @@ whose measured step time is its own.
 
 Adding a method is one line in METHODS, or `--method NAME='{"compress": ...}'` on the command line. A method
 whose arguments MCCLStrategy refuses (a choice not built yet) is reported as unavailable, with the error, and
-the others run.
+the others run. A DiLoCo variant is `_diloco(H, **more MCCLStrategy arguments)`: a warm start, an H schedule or
+fragments, once the strategy takes them, are one line each, named after the strategy's own arguments, e.g.
+
+    Method("diloco-h4-warm32", _diloco(4, warm_start_steps=32), 1.0, ("mccl+diloco:H=4",)),
+
+and run on both tasks (from scratch, and `--finetune`) with the same line.
+
+With `--finetune`, CONTROLS are methods too, run after the others: `ddp-fp32-scratch` is `ddp-fp32` from random
+weights on the fine-tuning task (what the same steps reach without the pretrained model). A control has no
+target; it is not a way to send gradients.
 """
 from __future__ import annotations
 
@@ -23,14 +32,16 @@ class Method:
     strategy: Dict[str, object]  # MCCLStrategy keyword arguments
     max_loss_pts: Optional[float] = None  # the target: at most this many points below the reference's accuracy
     fleet_series: Tuple[str, ...] = ()  # fleet_ddp.py series labels that measured this method's step time
+    random_init: bool = False  # with --finetune: start from random weights, not the pretrained model
 
     def to_json(self) -> dict:
-        return {"name": self.name, "strategy": self.strategy}
+        return {"name": self.name, "strategy": self.strategy, "random_init": self.random_init}
 
 
-def _diloco(h: int) -> Dict[str, object]:
-    """DiLoCo as docs/diloco.md recommends it: plain averaging (the strategy's default outer step), sync_delay 1."""
-    return {"sync": "diloco", "sync_every": h}
+def _diloco(h: int, **options) -> Dict[str, object]:
+    """DiLoCo as docs/diloco.md recommends it: plain averaging (the strategy's default outer step), sync_delay 1;
+    `options`: more MCCLStrategy arguments (a variant of it)."""
+    return {"sync": "diloco", "sync_every": h, **options}
 
 
 def _powersgd(rank: int) -> Dict[str, object]:
@@ -46,12 +57,16 @@ METHODS: Tuple[Method, ...] = (
     Method("diloco-h2", _diloco(2), 1.0, ("mccl+diloco:H=2", "mccl+diloco:H=2:delay=1")),
     Method("diloco-h4", _diloco(4), 1.0, ("mccl+diloco:H=4", "mccl+diloco:H=4:delay=1")),
 )
+CONTROLS: Tuple[Method, ...] = (
+    Method("ddp-fp32-scratch", {}, None, ("mccl",), random_init=True),
+)
 
 
-def select(names: Optional[Sequence[str]], extra: Sequence[str] = ()) -> List[Method]:
+def select(names: Optional[Sequence[str]], extra: Sequence[str] = (), controls: bool = False) -> List[Method]:
     """The methods to run, in the table's order: `names` (None: all of them) and the `extra` ones given as
-    NAME=JSON (MCCLStrategy keyword arguments). The reference always runs first. ValueError naming what is wrong."""
-    table = {m.name: m for m in METHODS}
+    NAME=JSON (MCCLStrategy keyword arguments); with `controls` (--finetune), CONTROLS are methods too, run last.
+    The reference always runs first. ValueError naming what is wrong."""
+    table = {m.name: m for m in METHODS + (CONTROLS if controls else ())}
     for item in extra:
         name, sep, text = item.partition("=")
         try:
@@ -68,7 +83,8 @@ def select(names: Optional[Sequence[str]], extra: Sequence[str] = ()) -> List[Me
     unknown = [n for n in chosen if n not in table]
     if unknown:
         raise ValueError(f"--methods: unknown {unknown}; the methods are {', '.join(table)}")
-    return [table[n] for n in chosen]
+    last = {m.name for m in CONTROLS}
+    return sorted((table[n] for n in chosen), key=lambda m: m.name in last)
 
 
 def _names(extra: Sequence[str]) -> List[str]:
