@@ -56,6 +56,7 @@ DEFAULT_MODEL_KWARGS = {"embed_dim": 128, "depth": 4, "num_heads": 4}
 # (docs/convergence.md, *The task*).
 TASK_DEFAULTS = {"classes": 32, "shift": 1.0, "noise": 0.1, "background": 0.2, "distractors": 1}
 LR, FINETUNE_LR = 1e-3, 5e-4  # AdamW's peak learning rate from random weights, and when fine-tuning
+PRETRAIN_STEPS, PRETRAIN_BATCH = 2048, 64  # --finetune's pretraining: 131k samples, 6.5 passes over the task
 WORKER = "--worker"  # first argument of the ranks' command line
 
 
@@ -91,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "that task shifted, instead of training from random weights")
     ft.add_argument("--finetune-task", default="{}", metavar="JSON", help="the fine-tuning task's settings that "
                     f"differ from the pretraining task's, over {json.dumps(finetune.SHIFT)}")
-    ft.add_argument("--pretrain-steps", type=int, default=2048, help="(default: %(default)s)")
-    ft.add_argument("--pretrain-batch", type=int, default=64, help="images per step (default: %(default)s)")
+    ft.add_argument("--pretrain-steps", type=int, default=PRETRAIN_STEPS, help="(default: %(default)s)")
+    ft.add_argument("--pretrain-batch", type=int, default=PRETRAIN_BATCH, help="images per step (default: "
+                    "%(default)s)")
     ft.add_argument("--pretrain-lr", type=float, default=LR, help="(default: %(default)s)")
     ft.add_argument("--pretrain-seed", type=int, default=0, help="(default: %(default)s)")
     ft.add_argument("--pretrain-cache", default=os.path.join("runs", "pretrained"),
@@ -167,8 +169,8 @@ def main(argv=None) -> int:
         "step times": "; ".join(step_times.sources(times))})
     if args.finetune:
         torch.set_num_threads(args.threads)  # pretraining and the probes: one process, as one rank computes
-        pre = pretrain.Pretraining(pretraining, {**model, "lr": args.pretrain_lr, "warmup_epochs": pretrain.WARMUP},
-                                   args.pretrain_steps, args.pretrain_batch, args.pretrain_seed, args.device)
+        pre = pretraining_of(pretraining, model, args.device, args.pretrain_steps, args.pretrain_batch,
+                             args.pretrain_lr, args.pretrain_seed)
         weights, record = pretrain.ensure(pre, args.pretrain_cache, header["command"], log)
         if args.pretrain_only:
             return 0
@@ -192,6 +194,14 @@ def main(argv=None) -> int:
         os.remove(data)
     output.write(out, outcomes, times, steps, header, log, of_what(args))
     return 1 if any(o.status.startswith("failed") for o in outcomes) else 0
+
+
+def pretraining_of(task: GlyphTask, model: dict, device: str, steps: int = PRETRAIN_STEPS,
+                   batch: int = PRETRAIN_BATCH, lr: float = LR, seed: int = 0) -> pretrain.Pretraining:
+    """The pretraining of `model` (ConvergenceViT's model_name, patch_size, model_kwargs) on `task`; by default
+    this script's (diloco_sim.py --finetune takes the same, and so the same cached model)."""
+    return pretrain.Pretraining(task, {**model, "lr": lr, "warmup_epochs": pretrain.WARMUP}, steps, batch, seed,
+                                device)
 
 
 def of_what(args) -> str:
@@ -265,7 +275,8 @@ def run_all(outcomes, spec, args, out, times, steps, header) -> None:
             fits = [max(r["fit_s"] for r in runs) for runs in o.runs.values()]
             log(f"{o.method.name}: {o.status}, {time.perf_counter() - start:.0f} s for the launch, "
                 f"{sum(fits):.0f} s of it in Trainer.fit")
-            output.write(out, outcomes, times, steps, header, log, of_what(args), quiet=True)  # a run cut short keeps its rows
+            # a run cut short keeps its rows
+            output.write(out, outcomes, times, steps, header, log, of_what(args), quiet=True)
 
 
 def first_error(result: str, nproc: int) -> str:

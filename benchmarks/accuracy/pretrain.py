@@ -12,13 +12,14 @@ differs. One process uses the cores (or the GPU) better than N ranks sharing the
 The cache: `<cache>/<key>/backbone.pth` (the timm model's state dict, head included; the fine-tuning ranks load
 it through the recipe's `checkpoint_path`, which replaces the head) and `record.json` beside it (the command,
 the seed, everything the key covers, the pretraining accuracy, the time it took). The key is a digest of
-everything that determines the weights: the task's parameters and the source of task.py and of this file, the
+everything that determines the weights: the task's parameters and the code of task.py and of this file, the
 model, the steps, the batch, the learning rate and warm-up, the seed, the device, and the torch and timm
 versions. The folder is written under a temporary name and renamed into place, so a run stopped while
 pretraining leaves no half-written model for the next run to take.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -48,16 +49,26 @@ class Pretraining:
         """A digest of everything that determines the weights."""
         import timm
 
-        sources = {}
-        for name in ("task.py", "pretrain.py"):
-            with open(os.path.join(HERE, name), "rb") as f:
-                sources[name] = hashlib.sha256(f.read()).hexdigest()
+        sources = {name: code_digest(os.path.join(HERE, name)) for name in ("task.py", "pretrain.py")}
         fields = {**asdict(self), "sources": sources, "torch": torch.__version__, "timm": timm.__version__}
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
     def describe(self) -> str:
         return (f"{self.steps} steps of {self.batch} images in one process on {self.device}, seed {self.seed}, "
                 f"lr {self.model['lr']}, on {self.task.describe()}")
+
+
+def code_digest(path: str) -> str:
+    """A digest of a source file's code: its syntax tree less its docstrings (comments and layout are not in it),
+    so that editing the prose keeps the cached models, and any change of the code does not."""
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
 
 
 def ensure(pre: Pretraining, cache: str, command: str, log) -> tuple:

@@ -3,13 +3,13 @@
 Each class is a glyph: `strokes` line segments at fixed places, each with its own colour, drawn anti-aliased
 `width` pixels wide (at 16 pixels a side; scaled with `image_size`) on an image of `image_size` pixels a side.
 The glyphs are drawn from `data_seed` before the images, or from `glyph_seed` alone when it is not -1: another
-set of classes of the same kind (the fine-tuning task's, docs/convergence.md). A sample of a class is its glyph moved as a whole by up to `shift`
-pixels, each stroke end moved by a Gaussian of `jitter` pixels, each stroke left out with probability
-1 - `keep`, its colours varied a little, drawn over `distractors` random strokes of random colours (parts of no
-class) on a smooth random background of amplitude `background` (random colours on a `grain` x `grain` grid,
-interpolated bicubically to the image), with pixel noise of standard deviation
-`noise`. Classes share nothing by construction, but with many of them in a small image their strokes overlap
-by place and colour, and the clutter and noise hide parts of a glyph: the harder settings stay well below
+set of classes of the same kind (the fine-tuning task's, docs/convergence.md). A sample of a class is its glyph
+moved as a whole by up to `shift` pixels, each stroke end moved by a Gaussian of `jitter` pixels, each stroke
+left out with probability 1 - `keep`, its colours varied a little, drawn over `distractors` random strokes of
+random colours (parts of no class) on a smooth random background of amplitude `background` (random colours on a
+`grain` x `grain` grid, interpolated bicubically to the image), with pixel noise of standard deviation `noise`.
+Classes share nothing by construction, but with many of them in a small image their strokes overlap by place
+and colour, and the clutter and noise hide parts of a glyph: the harder settings stay well below
 100% for as long as the benchmark trains (docs/convergence.md, *The task*).
 
 The train and validation sets are drawn once from `data_seed` alone (never from a run's seed), so every method

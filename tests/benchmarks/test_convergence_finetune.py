@@ -1,10 +1,10 @@
 """benchmarks/convergence.py --finetune end to end at a tiny size: 2 CPU ranks, a one-block ViT on 8x8 glyphs, the
 reference, one method of each kind (a compressed exchange, DiLoCo) and the from-scratch control at two seeds (a
-launch per method costs most of the test's time; every method at its full size is docs/convergence.md's run). Checks that fine-tuning works (the fine-tuned DDP model beats DDP
-from random weights on the same steps by a margin, at every seed: equal if the pretrained weights were not
-loaded, on the CPU bit for bit), that the pretrained model is cached and a second run reuses it, and that the
-CSVs hold every method and seed. The cache key, the fine-tuning task and the from-scratch task's unchanged
-images are checked in one process."""
+launch per method costs most of the test's time; every method at its full size is docs/convergence.md's run).
+Checks that fine-tuning works (the fine-tuned DDP model beats DDP from random weights on the same steps by a
+margin, at every seed: equal if the pretrained weights were not loaded, on the CPU bit for bit), that the
+pretrained model is cached and a second run reuses it, and that the CSVs hold every method and seed. The cache
+key, the fine-tuning task and the from-scratch task's unchanged images are checked in one process."""
 from __future__ import annotations
 
 import csv
@@ -93,13 +93,17 @@ def test_the_cache_key_covers_what_determines_the_weights(change):
     assert replace(BASE, **change).key() != BASE.key()
 
 
-def test_the_cache_key_covers_the_task_code(tmp_path, monkeypatch):
+def test_the_cache_key_covers_the_task_code_not_its_prose(tmp_path, monkeypatch):
     for name in ("task.py", "pretrain.py"):
         (tmp_path / name).write_bytes(open(os.path.join(pretrain.HERE, name), "rb").read())
     monkeypatch.setattr(pretrain, "HERE", str(tmp_path))
     key = BASE.key()
-    with open(tmp_path / "task.py", "a") as f:
-        f.write("\n# another version\n")
+    task = (tmp_path / "task.py").read_text()
+    prose = task.replace('"""The convergence benchmark\'s task', '"""The task', 1).replace("\n", "  # a comment\n", 3)
+    assert prose != task
+    (tmp_path / "task.py").write_text(prose)
+    assert BASE.key() == key
+    (tmp_path / "task.py").write_text(task.replace("* s / 16.0", "* s / 15.0"))
     assert BASE.key() != key
 
 
@@ -151,3 +155,18 @@ def test_a_diloco_variant_is_one_line_and_unavailable_until_the_strategy_takes_i
     status = convergence.refusal(variant, {"comm_metrics": False})
     assert status.startswith("unavailable: MCCLStrategy takes no warm_start_steps_not_built"), status
     assert methods.diloco_periods([variant]) == [4]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--pretrain-only"], "--pretrain-only: only with --finetune"),
+    (["--finetune", "--finetune-task", "[1]"], "--finetune-task [1]: write a JSON object"),
+    (["--finetune", "--finetune-task", '{"colour": 1}'], "--finetune-task: the glyph task has no colour"),
+    (["--finetune", "--pretrain-steps", "0"], "--pretrain-steps 0, --pretrain-batch 64: at least 1 each"),
+    (["--methods", "ddp-fp32-scratch"], "unknown ['ddp-fp32-scratch']"),
+])
+def test_bad_options_are_named(args, message, capsys):
+    import convergence
+
+    with pytest.raises(SystemExit) as e:
+        convergence.main(args)
+    assert e.value.code == 2 and message in capsys.readouterr().err
