@@ -17,6 +17,15 @@ seeds, its difference from synchronous float32 DDP and whether that is within th
 target (accuracy/summary.py). A method MCCLStrategy does not accept (not built yet) is reported as
 "unavailable: <the error>" and the others run. Files: results.md, summary.csv, curves.csv, results.png
 (accuracy/output.py).
+
+    python benchmarks/convergence.py --finetune --seeds 0 1 2         # fine-tuning a pretrained ViT instead
+
+--finetune: the same methods fine-tune one pretrained model on a related task instead of training from random
+weights. The model is pretrained once on the task the options above describe (the from-scratch task), in one
+process, and cached in --pretrain-cache (accuracy/pretrain.py); the methods then fine-tune it, with a new head,
+on that task shifted by accuracy/finetune.py's SHIFT and --finetune-task, and the controls (methods.CONTROLS:
+DDP from random weights) run too. A linear probe of the pretrained and of random features on the new
+task is reported beside them (pretrained.json). --pretrain-only stops once the pretrained model is cached.
 """
 from __future__ import annotations
 
@@ -28,14 +37,16 @@ import signal
 import sys
 import time
 
+import torch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
+from accuracy import finetune, output, pretrain, step_times  # noqa: E402
 from accuracy import methods as methods_table  # noqa: E402
-from accuracy import output, step_times  # noqa: E402
 from accuracy.summary import Outcome  # noqa: E402
-from accuracy.task import GlyphTask  # noqa: E402
+from accuracy.task import GlyphTask, load  # noqa: E402
 from sweep import report  # noqa: E402
 
 # The CPU defaults (8 ranks on 2 cores; how long: benchmarks/record/convergence.md): ViT-Tiny's patch embedding and head
@@ -44,6 +55,8 @@ DEFAULT_MODEL_KWARGS = {"embed_dim": 128, "depth": 4, "num_heads": 4}
 # The task's defaults here: that ViT under synchronous DDP ends near 70% after the default budget
 # (benchmarks/record/convergence.md, *The task*).
 TASK_DEFAULTS = {"classes": 32, "shift": 1.0, "noise": 0.1, "background": 0.2, "distractors": 1}
+LR, FINETUNE_LR = 1e-3, 5e-4  # AdamW's peak learning rate from random weights, and when fine-tuning
+PRETRAIN_STEPS, PRETRAIN_BATCH = 2048, 64  # --finetune's pretraining: 131k samples, 6.5 passes over the task
 WORKER = "--worker"  # first argument of the ranks' command line
 
 
@@ -54,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda", "mps"), default="cpu",
                    help="where every rank computes (cuda: all on GPU 0)")
     p.add_argument("--methods", default=None, help="comma-separated names (default: all: "
-                   f"{', '.join(m.name for m in methods_table.METHODS)}); {methods_table.REFERENCE} always runs")
+                   f"{', '.join(m.name for m in methods_table.METHODS)}, and with --finetune "
+                   f"{', '.join(m.name for m in methods_table.CONTROLS)}); {methods_table.REFERENCE} always runs")
     p.add_argument("--method", action="append", default=[], metavar="NAME=JSON",
                    help="another method: a name and MCCLStrategy keyword arguments as JSON; repeatable")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="model and data-order seeds (default: 0)")
@@ -66,12 +80,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-kwargs", default=json.dumps(DEFAULT_MODEL_KWARGS), metavar="JSON",
                    help="more timm.create_model arguments (default: %(default)s; '{}': the model's own)")
     p.add_argument("--patch-size", type=int, default=4)
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW's peak learning rate (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=None, help=f"AdamW's peak learning rate (default: {LR:g}, "
+                   f"{FINETUNE_LR:g} with --finetune)")
     p.add_argument("--warmup", type=float, default=0.1, help="share of the steps in warm-up (default: %(default)s)")
     task = p.add_argument_group("the task (accuracy/task.py)")
     for name, field in GlyphTask.__dataclass_fields__.items():
         task.add_argument(f"--{name.replace('_', '-')}", type=type(field.default),
                           default=TASK_DEFAULTS.get(name, field.default), help="(default: %(default)s)")
+    ft = p.add_argument_group("fine-tuning a pretrained model (accuracy/pretrain.py, accuracy/finetune.py)")
+    ft.add_argument("--finetune", action="store_true", help="fine-tune a model pretrained on the task above, on "
+                    "that task shifted, instead of training from random weights")
+    ft.add_argument("--finetune-task", default="{}", metavar="JSON", help="the fine-tuning task's settings that "
+                    f"differ from the pretraining task's, over {json.dumps(finetune.SHIFT)}")
+    ft.add_argument("--pretrain-steps", type=int, default=PRETRAIN_STEPS, help="(default: %(default)s)")
+    ft.add_argument("--pretrain-batch", type=int, default=PRETRAIN_BATCH, help="images per step (default: "
+                    "%(default)s)")
+    ft.add_argument("--pretrain-lr", type=float, default=LR, help="(default: %(default)s)")
+    ft.add_argument("--pretrain-seed", type=int, default=0, help="(default: %(default)s)")
+    ft.add_argument("--pretrain-cache", default=os.path.join("runs", "pretrained"),
+                    help="folder of pretrained models, one per key (default: %(default)s)")
+    ft.add_argument("--pretrain-only", action="store_true", help="stop once the pretrained model is cached")
     steps = p.add_argument_group("step times on the fleet stand-in (accuracy/step_times.py)")
     steps.add_argument("--step-times", action="append", default=[], metavar="FILE",
                        help="a fleet_ddp.py results.csv; repeatable, later files win")
@@ -79,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the series of those files that measured METHOD; repeatable")
     steps.add_argument("--step-world", type=int, default=8, help="their rows at this many ranks (default: 8)")
     steps.add_argument("--step-batch", type=int, default=8, help="and this batch per rank (default: 8)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank, and of the pretraining "
+                   "(default: %(default)s)")
     p.add_argument("--out", default=None, help="output directory (default: runs/bench/convergence-<time>)")
     p.add_argument("--timeout", type=float, default=1800.0, help="limit for each method's launch, seconds")
     p.add_argument("--pg-timeout", type=float, default=300.0, help="the process group's timeout, seconds")
@@ -110,42 +139,87 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.nproc < 2:
         parser.error("--nproc: at least 2 ranks")
+    if args.pretrain_only and not args.finetune:
+        parser.error("--pretrain-only: only with --finetune")
     try:
-        chosen = methods_table.select(args.methods.split(",") if args.methods else None, args.method)
+        chosen = methods_table.select(args.methods.split(",") if args.methods else None, args.method,
+                                      controls=args.finetune)
         task = GlyphTask(**{k: getattr(args, k) for k in GlyphTask.__dataclass_fields__})
         model_kwargs = json.loads(args.model_kwargs)
+        if args.finetune:
+            pretraining, task = task, finetune.shifted(task, json.loads(args.finetune_task))
+            if min(args.pretrain_steps, args.pretrain_batch) < 1:
+                raise ValueError(f"--pretrain-steps {args.pretrain_steps}, --pretrain-batch {args.pretrain_batch}: "
+                                 f"at least 1 each")
         times = step_times.resolve(chosen, args.step_times, args.step_series, args.step_world, args.step_batch)
         steps, eval_every = plan_steps(args.samples, args.batch * args.nproc, args.evals,
                                        methods_table.diloco_periods(chosen))
     except (ValueError, OSError) as e:
         parser.error(str(e))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    out = args.out or report.default_out_dir("convergence")
-    os.makedirs(out, exist_ok=True)
-    common = {"comm_metrics": False, "timeout": args.pg_timeout}
-    outcomes = [Outcome(m, refusal(m, common)) for m in chosen]
+    lr = args.lr if args.lr is not None else FINETUNE_LR if args.finetune else LR
+    model = {"model_name": args.model, "patch_size": args.patch_size, "model_kwargs": model_kwargs}
     header = report.machine_header(argv, f"{args.nproc} ranks on this machine over loopback, {args.device}", {
         "task": task.describe(),
-        "model": f"{args.model} {model_kwargs or ''}, patch {args.patch_size}; AdamW lr {args.lr} (weight decay "
+        "model": f"{args.model} {model_kwargs or ''}, patch {args.patch_size}; AdamW lr {lr} (weight decay "
                  f"0.05, label smoothing 0.1), warm-up {args.warmup:g} of the steps then cosine to 0",
         "budget": f"{steps} optimizer steps of {args.batch} x {args.nproc} = {args.batch * args.nproc} images "
                   f"({steps * args.batch * args.nproc} samples), validation every {eval_every} steps",
         "seeds": " ".join(map(str, args.seeds)),
         "step times": "; ".join(step_times.sources(times))})
+    if args.finetune:
+        torch.set_num_threads(args.threads)  # pretraining and the probes: one process, as one rank computes
+        pre = pretraining_of(pretraining, model, args.device, args.pretrain_steps, args.pretrain_batch,
+                             args.pretrain_lr, args.pretrain_seed)
+        weights, record = pretrain.ensure(pre, args.pretrain_cache, header["command"], log)
+        if args.pretrain_only:
+            return 0
+        model["checkpoint_path"] = os.path.abspath(weights)
+    out = args.out or report.default_out_dir("convergence")
+    os.makedirs(out, exist_ok=True)
+    common = {"comm_metrics": False, "timeout": args.pg_timeout}
+    outcomes = [Outcome(m, refusal(m, common)) for m in chosen]
     data = os.path.abspath(os.path.join(out, ".data.pt"))
     log(f"drawing the task: {task.describe()}")
     task.save(data)
     spec = {"data": data, "seeds": args.seeds, "steps": steps, "batch": args.batch, "eval_every": eval_every,
             "device": args.device, "threads": args.threads, "strategy_common": common,
-            "model": {"model_name": args.model, "num_classes": task.classes, "img_size": task.image_size,
-                      "patch_size": args.patch_size, "model_kwargs": model_kwargs, "lr": args.lr,
+            "model": {**model, "num_classes": task.classes, "img_size": task.image_size, "lr": lr,
                       "warmup_epochs": args.warmup}}  # one epoch is the whole run (rank.py's sampler)
+    if args.finetune:
+        transfer(spec["model"], task, load(data)[1], args.device, pre, record, out, header)
     try:
         run_all(outcomes, spec, args, out, times, steps, header)
     finally:
         os.remove(data)
-    output.write(out, outcomes, times, steps, header, log)
+    output.write(out, outcomes, times, steps, header, log, of_what(args))
     return 1 if any(o.status.startswith("failed") for o in outcomes) else 0
+
+
+def pretraining_of(task: GlyphTask, model: dict, device: str, steps: int = PRETRAIN_STEPS,
+                   batch: int = PRETRAIN_BATCH, lr: float = LR, seed: int = 0) -> pretrain.Pretraining:
+    """The pretraining of `model` (ConvergenceViT's model_name, patch_size, model_kwargs) on `task`; by default
+    this script's (diloco_sim.py --finetune takes the same, and so the same cached model)."""
+    return pretrain.Pretraining(task, {**model, "lr": lr, "warmup_epochs": pretrain.WARMUP}, steps, batch, seed,
+                                device)
+
+
+def of_what(args) -> str:
+    """What the steps are, in the table's title."""
+    return " of fine-tuning" if args.finetune else ""
+
+
+def transfer(model: dict, task: GlyphTask, tensors, device: str, pre, record: dict, out: str, header: dict) -> None:
+    """The pretrained model and the linear probes of its features and of random ones on the fine-tuning task,
+    in the header and in OUT/pretrained.json."""
+    log("linear probes of the pretrained and of random features on the fine-tuning task")
+    probes = finetune.probes(model, task.classes, tensors, device)
+    with open(os.path.join(out, "pretrained.json"), "w") as f:
+        json.dump({"weights": model["checkpoint_path"], "record": record, "linear_probe": probes}, f, indent=1)
+    header["pretrained model"] = (f"{pre.describe()}: {100 * record['pretrain_val_acc']:.2f}% on its validation "
+                                  f"set; cached as {model['checkpoint_path']}, by `{record['command']}`")
+    header["linear probe on this task"] = (f"pretrained features {100 * probes['pretrained']:.2f}%, random "
+                                           f"features {100 * probes['random']:.2f}% (accuracy/finetune.py)")
 
 
 def refusal(method, common) -> str:
@@ -204,7 +278,8 @@ def run_all(outcomes, spec, args, out, times, steps, header) -> None:
             fits = [max(r["fit_s"] for r in runs) for runs in o.runs.values()]
             log(f"{o.method.name}: {o.status}, {time.perf_counter() - start:.0f} s for the launch, "
                 f"{sum(fits):.0f} s of it in Trainer.fit")
-            output.write(out, outcomes, times, steps, header, log, quiet=True)  # a run cut short keeps its rows
+            # a run cut short keeps its rows
+            output.write(out, outcomes, times, steps, header, log, of_what(args), quiet=True)
 
 
 def first_error(result: str, nproc: int) -> str:

@@ -4,6 +4,7 @@
         --seeds 0 1 2
     python benchmarks/diloco_sim.py --device cuda --jobs 8 --runs-file benchmarks/accuracy/diloco_sweep.txt \
         --seeds 0 1 2 --out runs/diloco_sim
+    python benchmarks/diloco_sim.py --finetune --run ddp:mode=ddp --run h4:H=4 --seeds 0 1 2
 
 It replays `benchmarks/convergence.py`'s 8-rank runs (benchmarks/record/convergence.md): the same glyph task (drawn from
 data seed 0 with convergence.py's task settings), the same model and initial weights (`torch.manual_seed(seed)` then
@@ -26,6 +27,10 @@ round of one step applied at once, the workers' progress averaged after their ow
 (qsr_alpha, 0: off) and H_max (max_sync_every, with qsr), e.g. `frag4:H=4,fragments=4`, `warm32:H=4,warm=32`,
 `qsr:H=4,qsr=0.002,H_max=16`. benchmarks/record/diloco.md ("What DiLoCo costs in accuracy") has the sweep's
 results.
+
+--finetune replays `convergence.py --finetune` instead (benchmarks/record/convergence.md, "Fine-tuning"): its fine-tuning task,
+each worker starting from its pretrained model (the same cache, and the same key: one pretraining serves both
+scripts) with a new head, and an inner learning rate of 5e-4 unless a run sets lr.
 
 Output in --out: results.csv (a row per run and seed as it ends: the final validation accuracy and loss of the
 anchor, i.e. of what every rank holds after `finish()`; a run and seed already there is not run again, so a sweep
@@ -50,9 +55,10 @@ if HERE not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from accuracy import finetune, pretrain  # noqa: E402
 from accuracy.rank import VAL_BATCH, GlobalBatchSampler  # noqa: E402
 from accuracy.task import GlyphTask, load  # noqa: E402
-from convergence import DEFAULT_MODEL_KWARGS, TASK_DEFAULTS  # noqa: E402
+from convergence import DEFAULT_MODEL_KWARGS, FINETUNE_LR, TASK_DEFAULTS, pretraining_of  # noqa: E402
 from lightning_mccl.diloco import OUTER_LR, OUTER_MOMENTUM, DiLoCo, check_schedule, check_settings  # noqa: E402
 from lightning_mccl.recipes.vit import warmup_cosine  # noqa: E402
 from sweep import report  # noqa: E402
@@ -66,12 +72,13 @@ FIELDS = ["name", "seed", "final_acc", "final_loss", "seconds", "device", "setti
 TARGET = 1.0  # points below DDP that issue 27 allows DiLoCo
 
 
-def parse_run(text: str) -> tuple:
-    """`NAME:key=value,...` -> (name, setting); ValueError naming the run and the setting."""
+def parse_run(text: str, finetune: bool = False) -> tuple:
+    """`NAME:key=value,...` -> (name, setting); ValueError naming the run and the setting. `finetune`: the inner
+    learning rate's default is convergence.py --finetune's."""
     name, _, body = text.partition(":")
     if not name or "," in name or "=" in name:
         raise ValueError(f"run {text!r}: expected NAME:key=value,... (a name first)")
-    setting = dict(RUN_DEFAULTS)
+    setting = dict(RUN_DEFAULTS, **({"lr": FINETUNE_LR} if finetune else {}))
     for item in filter(None, body.split(",")):
         key, _, value = item.partition("=")
         if key not in RUN_DEFAULTS:
@@ -135,15 +142,21 @@ class _Round:
         self.done = True
 
 
-def build(seed: int, model_name: str, model_kwargs: dict, device: str) -> torch.nn.Module:
-    """The model convergence.py's ranks start from: timm's initialisation from `seed_everything(seed)`. Its
-    attention computes softmax(q k^T) v with matmuls rather than the fused kernel (the same function): vmap has a
+def build(seed: int, model_name: str, model_kwargs: dict, device: str, classes: int = CLASSES,
+          checkpoint: str = "") -> torch.nn.Module:
+    """The model convergence.py's ranks start from: timm's initialisation from `seed_everything(seed)`, and with
+    `checkpoint` (--finetune) the weights in it but the head's, loaded as the recipe loads them. Its attention
+    computes softmax(q k^T) v with matmuls rather than the fused kernel (the same function): vmap has a
     batching rule for every op of it, on every device, where the fused kernels depend on the torch version."""
     import timm
 
+    from lightning_mccl.recipes.vit import load_backbone, read_state_dict
+
     torch.manual_seed(seed)
-    model = timm.create_model(model_name, pretrained=False, num_classes=CLASSES, img_size=IMAGE, patch_size=PATCH,
+    model = timm.create_model(model_name, pretrained=False, num_classes=classes, img_size=IMAGE, patch_size=PATCH,
                               **model_kwargs)
+    if checkpoint:
+        load_backbone(model, read_state_dict(checkpoint), checkpoint)
     for m in model.modules():
         if hasattr(m, "fused_attn"):
             m.fused_attn = False
@@ -188,12 +201,13 @@ def finish_all(outer: list) -> None:
 
 
 def train(setting: dict, seed: int, x: torch.Tensor, y: torch.Tensor, device: str,
-          model_name: str = "vit_tiny_patch16_224", model_kwargs: dict = DEFAULT_MODEL_KWARGS) -> tuple:
+          model_name: str = "vit_tiny_patch16_224", model_kwargs: dict = DEFAULT_MODEL_KWARGS, classes: int = CLASSES,
+          checkpoint: str = "") -> tuple:
     """Trains as the run says; returns (the model, the final parameters of worker 0 by name)."""
     from timm.optim import param_groups_weight_decay
     from torch.func import functional_call, vmap
 
-    model = build(seed, model_name, model_kwargs, device)
+    model = build(seed, model_name, model_kwargs, device, classes, checkpoint)
     mode = setting["mode"]
     workers = setting["workers"] if mode == "diloco" else 1
     batch = setting["batch"] * (setting["workers"] if mode == "ddp" else 1)  # per simulated worker
@@ -245,14 +259,14 @@ def evaluate(model: torch.nn.Module, params: dict, vx: torch.Tensor, vy: torch.T
 
 
 def _job(args: tuple) -> dict:
-    name, setting, seed, data, model_name, device, threads = args
+    name, setting, seed, data, model_name, device, threads, checkpoint = args
     torch.set_num_threads(threads)
     torch.backends.cuda.matmul.allow_tf32 = False  # float32 as convergence.py's CPU ranks compute
     torch.backends.cudnn.allow_tf32 = False
-    _, tensors = load(data)
+    task, tensors = load(data)
     x, y, vx, vy = (t.to(device) for t in tensors)
     start = time.perf_counter()
-    model, params = train(setting, seed, x, y, device, model_name)
+    model, params = train(setting, seed, x, y, device, model_name, classes=task.classes, checkpoint=checkpoint)
     acc, loss = evaluate(model, params, vx, vy)
     row = {"name": name, "seed": seed, "final_acc": round(acc, 5), "final_loss": round(loss, 4),
            "seconds": round(time.perf_counter() - start, 1), "device": device, "setting": describe(setting)}
@@ -333,30 +347,48 @@ def main(argv=None) -> int:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: every job on GPU 0")
     p.add_argument("--jobs", type=int, default=1, help="runs at a time, each in a process of --threads threads")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--data", default="runs/glyphs.pt", help="the task's file (drawn once if missing)")
-    p.add_argument("--out", default="runs/diloco_sim", help="folder: results.csv (appended to), .md, .png")
+    p.add_argument("--data", default=None, help="the task's file, drawn once if missing (default: runs/glyphs.pt, "
+                   "with --finetune runs/glyphs_finetune.pt)")
+    p.add_argument("--out", default=None, help="folder: results.csv (appended to), .md, .png (default: "
+                   "runs/diloco_sim, with --finetune runs/diloco_sim_finetune)")
+    p.add_argument("--finetune", action="store_true", help="convergence.py --finetune's case: its fine-tuning task, "
+                   "from its pretrained model (pretrained and cached first if --pretrain-cache has none); the "
+                   f"runs' lr defaults to {FINETUNE_LR:g}")
+    p.add_argument("--pretrain-cache", default=os.path.join("runs", "pretrained"), help="as convergence.py's")
     p.add_argument("--timeout", type=float, default=0, help="seconds: then the runs not ended are stopped and the "
                    "table shows those that ended (default: none)")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(argv)
     deadline = time.monotonic() + args.timeout if args.timeout else None
     lines = list(args.run)
     if args.runs_file:
         with open(args.runs_file) as f:
             lines += [ln.split("#")[0].strip() for ln in f if ln.split("#")[0].strip()]
-    runs = [parse_run(r) for r in lines]
+    runs = [parse_run(r, args.finetune) for r in lines]
     names = [n for n, _ in runs]
     if not runs or len(set(names)) != len(names):
         p.error(f"give runs with distinct names (got {names})")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: torch sees no CUDA device")
+    suffix = "_finetune" if args.finetune else ""
+    args.data, args.out = args.data or f"runs/glyphs{suffix}.pt", args.out or f"runs/diloco_sim{suffix}"
+    task, checkpoint = GlyphTask(**TASK_DEFAULTS), ""  # convergence.py's task, data seed 0
+    if args.finetune:
+        torch.set_num_threads(args.threads)
+        pre = pretraining_of(task, {"model_name": args.model, "patch_size": PATCH,
+                                    "model_kwargs": DEFAULT_MODEL_KWARGS}, args.device)
+        checkpoint, _ = pretrain.ensure(pre, args.pretrain_cache, report.machine_header(argv, "")["command"], print)
+        task = finetune.shifted(task, {})
     if not os.path.exists(args.data):
         os.makedirs(os.path.dirname(os.path.abspath(args.data)), exist_ok=True)
-        GlyphTask(**TASK_DEFAULTS).save(args.data)  # convergence.py's task, data seed 0
+        task.save(args.data)
+    elif load(args.data)[0] != task:
+        p.error(f"--data {args.data} holds another task than {task.describe()}")
     os.makedirs(args.out, exist_ok=True)
     csv_path = os.path.join(args.out, "results.csv")
     done = {(r["name"], int(r["seed"]), r["setting"]) for r in _read_rows(csv_path)}
-    jobs = [(n, s, seed, args.data, args.model, args.device, args.threads) for n, s in runs for seed in args.seeds
-            if (n, seed, describe(s)) not in done]
+    jobs = [(n, s, seed, args.data, args.model, args.device, args.threads, checkpoint) for n, s in runs
+            for seed in args.seeds if (n, seed, describe(s)) not in done]
     jobs.sort(key=lambda j: -j[1]["steps"])  # the longest first: the pool ends together
     print(f"{len(jobs)} runs to do ({len(runs) * len(args.seeds) - len(jobs)} already in {csv_path})", flush=True)
     new = not os.path.exists(csv_path)
@@ -378,7 +410,7 @@ def main(argv=None) -> int:
     rows = [r for r in _read_rows(csv_path) if (r["name"], r["setting"]) in wanted]
     table, points = summarise(runs, rows, args.seeds)
     title = f"DiLoCo simulated on convergence.py's task: final validation accuracy, seeds {args.seeds}"
-    header = report.machine_header(sys.argv[1:] if argv is None else argv, f"{args.device}, {args.jobs} jobs")
+    header = report.machine_header(argv, f"{args.device}, {args.jobs} jobs")
     notes = [f"vs DDP: the paired (same seed) difference from the first mode=ddp run of the same steps, mean ± "
              f"sd over seeds; within {TARGET:g} pt: issue 27's target for DiLoCo."]
     with open(os.path.join(args.out, "results.md"), "w") as f:

@@ -6,7 +6,14 @@ reference (its target) and the fleet_ddp.py series whose measured step time is i
 
 Adding a method is one line in METHODS, or `--method NAME='{"compress": ...}'` on the command line
 (`{"strategy": "MCCLDiLoCoStrategy", "sync_every": 8}` for a DiLoCo one). A method whose arguments its strategy
-refuses (a choice not built yet) is reported as unavailable, with the error, and the others run.
+refuses (a choice not built yet) is reported as unavailable, with the error, and the others run. A DiLoCo
+variant is `_diloco(NAME, H, target, series, **more MCCLDiLoCoStrategy arguments)`: a warm start, an H schedule
+or fragments are one line each, named after the strategy's own arguments, and run on both tasks (from scratch,
+and `--finetune`) with the same line.
+
+With `--finetune`, CONTROLS are methods too, run after the others: `ddp-fp32-scratch` is `ddp-fp32` from random
+weights on the fine-tuning task (what the same steps reach without the pretrained model). A control has no
+target; it is not a way to send gradients.
 """
 from __future__ import annotations
 
@@ -25,18 +32,20 @@ class Method:
     max_loss_pts: Optional[float] = None  # the target: at most this many points below the reference's accuracy
     fleet_series: Tuple[str, ...] = ()  # fleet_ddp.py series labels that measured this method's step time
     cls: str = DDP  # the strategy: a class of lightning_mccl.lightning
+    random_init: bool = False  # with --finetune: start from random weights, not the pretrained model
 
     @property
     def diloco(self) -> bool:
         return self.cls == DILOCO
 
     def to_json(self) -> dict:
-        return {"name": self.name, "strategy": self.strategy, "class": self.cls}
+        return {"name": self.name, "strategy": self.strategy, "class": self.cls, "random_init": self.random_init}
 
 
-def _diloco(name: str, h: int, max_loss_pts: Optional[float], series: Tuple[str, ...]) -> Method:
-    """DiLoCo as docs/diloco.md recommends it: plain averaging (the strategy's default outer step), sync_delay 1."""
-    return Method(name, {"sync_every": h}, max_loss_pts, series, DILOCO)
+def _diloco(name: str, h: int, max_loss_pts: Optional[float], series: Tuple[str, ...], **options) -> Method:
+    """DiLoCo as docs/diloco.md recommends it: plain averaging (the strategy's default outer step), sync_delay 1;
+    `options`: more MCCLDiLoCoStrategy arguments (a variant of it)."""
+    return Method(name, {"sync_every": h, **options}, max_loss_pts, series, DILOCO)
 
 
 def _powersgd(rank: int) -> Dict[str, object]:
@@ -51,13 +60,19 @@ METHODS: Tuple[Method, ...] = (
     Method("int8", {"compress": "int8"}, 0.5, ("mccl+int8",)),
     _diloco("diloco-h2", 2, 1.0, ("mccl+diloco:H=2", "mccl+diloco:H=2:delay=1")),
     _diloco("diloco-h4", 4, 1.0, ("mccl+diloco:H=4", "mccl+diloco:H=4:delay=1")),
+    _diloco("diloco-h4-warm32", 4, 1.0, ("mccl+diloco:H=4",), warm_start=32),
+    _diloco("diloco-h4-frag4", 4, 1.0, ("mccl+diloco:H=4",), fragments=4),
+)
+CONTROLS: Tuple[Method, ...] = (
+    Method("ddp-fp32-scratch", {}, None, ("mccl",), random_init=True),
 )
 
 
-def select(names: Optional[Sequence[str]], extra: Sequence[str] = ()) -> List[Method]:
+def select(names: Optional[Sequence[str]], extra: Sequence[str] = (), controls: bool = False) -> List[Method]:
     """The methods to run, in the table's order: `names` (None: all of them) and the `extra` ones given as
-    NAME=JSON (MCCLStrategy keyword arguments). The reference always runs first. ValueError naming what is wrong."""
-    table = {m.name: m for m in METHODS}
+    NAME=JSON (MCCLStrategy keyword arguments); with `controls` (--finetune), CONTROLS are methods too, run last.
+    The reference always runs first. ValueError naming what is wrong."""
+    table = {m.name: m for m in METHODS + (CONTROLS if controls else ())}
     for item in extra:
         name, sep, text = item.partition("=")
         try:
@@ -77,7 +92,8 @@ def select(names: Optional[Sequence[str]], extra: Sequence[str] = ()) -> List[Me
     unknown = [n for n in chosen if n not in table]
     if unknown:
         raise ValueError(f"--methods: unknown {unknown}; the methods are {', '.join(table)}")
-    return [table[n] for n in chosen]
+    last = {m.name for m in CONTROLS}
+    return sorted((table[n] for n in chosen), key=lambda m: m.name in last)
 
 
 def _names(extra: Sequence[str]) -> List[str]:

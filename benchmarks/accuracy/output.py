@@ -110,16 +110,20 @@ def curves_table(outcomes: Sequence[Outcome]) -> report.Table:
 
 
 def write(out: str, outcomes: Sequence[Outcome], times: Dict[str, StepTime], steps: int, header: Dict[str, str],
-          log, quiet: bool = False) -> None:
+          log, of: str = "", quiet: bool = False) -> None:
+    """`of`: what the steps were, in the title (" of fine-tuning")."""
     st = summary.compare(outcomes)
     report.write_csv(os.path.join(out, "curves.csv"), curve_rows(outcomes, times) or [{"method": ""}])
     report.write_csv(os.path.join(out, "summary.csv"), summary_rows(outcomes, st, times, steps))
     main = table(outcomes, st, times, steps)
     curves = curves_table(outcomes)
-    title = f"Validation accuracy after {steps} steps, every method"
+    title = f"Validation accuracy after {steps} steps{of}, every method"
     compute = times.get(COMPUTE)
     notes = NOTES + ([f"compute-only step on the stand-in: {compute.ms:.0f} ms ({compute.source})."]
                      if compute and compute.ms else [])
+    notes += [f"{o.method.name}: a control, not a way to send gradients: {REFERENCE} from random weights instead of "
+              f"the pretrained model (what the same steps reach without pretraining)."
+              for o in outcomes if o.method.random_init]
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(report.markdown(title, header, main, notes))
         f.write("\n## Validation accuracy (%) against samples, mean over seeds\n\n" + report.markdown_table(curves))

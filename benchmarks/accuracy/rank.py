@@ -1,5 +1,5 @@
 """One rank of a convergence launch: the recipe's ViT trained through Lightning's `Trainer` with
-`MCCLStrategy(**method)`, once per seed, in the same processes (later fits reuse the process group).
+the method's strategy (`MCCLStrategy` or `MCCLDiLoCoStrategy`), once per seed, in the same processes (later fits reuse the process group).
 
 The ranks are started as `mccl launch --local N` starts them (sweep/launch.py: torchrun's variables, one
 "node" per rank), so Lightning's TorchElasticEnvironment places them: `Trainer(devices=1, num_nodes=N)`; on
@@ -8,7 +8,9 @@ cuda every rank uses GPU 0. Per seed, each rank:
   global batch t is the permutation's items [t G, (t + 1) G), rank r takes the r-th slice of B of them. The
   data order is therefore the same for every method, and each step's global batch is the same whatever the
   number of ranks;
-- starts from the model that `seed_everything(seed)` builds (the same for every method);
+- starts from the model that `seed_everything(seed)` builds (the same for every method); when fine-tuning, its
+  weights but the head's replaced by the pretrained model's (the recipe's `checkpoint_path`: a new head, drawn
+  from the seed), unless the method is a control that starts from random weights;
 - validates every `eval_every` optimizer steps on its 1/N of the validation set and all-reduces the counts:
   for synchronous methods that is the model's accuracy; for methods whose ranks' weights differ between
   syncs (DiLoCo), the mean of the ranks' own models' accuracies;
@@ -70,7 +72,8 @@ def train_one(spec: dict, seed: int, rank: int, world: int, tensors) -> dict:
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     x, y, vx, vy = tensors
     L.seed_everything(seed, verbose=False)
-    model = ConvergenceViT(**spec["model"])
+    model = ConvergenceViT(**{k: v for k, v in spec["model"].items()
+                              if not (k == "checkpoint_path" and spec["method"]["random_init"])})
     sampler = GlobalBatchSampler(len(y), spec["steps"], spec["batch"], rank, world, seed)
     loader = DataLoader(TensorDataset(x, y), batch_sampler=sampler)
     recorder = Recorder(vx, vy, spec["eval_every"], spec["batch"] * world, rank, world)

@@ -1,12 +1,15 @@
 """The convergence benchmark's task: glyphs, a synthetic image classification of controllable difficulty.
 
-Each class is a glyph: `strokes` line segments at fixed places, each with its own colour, drawn anti-aliased on
-an image of `image_size` pixels a side. A sample of a class is its glyph moved as a whole by up to `shift`
-pixels, each stroke end moved by a Gaussian of `jitter` pixels, each stroke left out with probability
-1 - `keep`, its colours varied a little, drawn over `distractors` random strokes of random colours (parts of no
-class) on a smooth random background of amplitude `background`, with pixel noise of standard deviation
-`noise`. Classes share nothing by construction, but with many of them in a small image their strokes overlap
-by place and colour, and the clutter and noise hide parts of a glyph: the harder settings stay well below
+Each class is a glyph: `strokes` line segments at fixed places, each with its own colour, drawn anti-aliased
+`width` pixels wide (at 16 pixels a side; scaled with `image_size`) on an image of `image_size` pixels a side.
+The glyphs are drawn from `data_seed` before the images, or from `glyph_seed` alone when it is not -1: another
+set of classes of the same kind (the fine-tuning task's, benchmarks/record/convergence.md). A sample of a class is its glyph
+moved as a whole by up to `shift` pixels, each stroke end moved by a Gaussian of `jitter` pixels, each stroke
+left out with probability 1 - `keep`, its colours varied a little, drawn over `distractors` random strokes of
+random colours (parts of no class) on a smooth random background of amplitude `background` (random colours on a
+`grain` x `grain` grid, interpolated bicubically to the image), with pixel noise of standard deviation `noise`.
+Classes share nothing by construction, but with many of them in a small image their strokes overlap by place
+and colour, and the clutter and noise hide parts of a glyph: the harder settings stay well below
 100% for as long as the benchmark trains (benchmarks/record/convergence.md, *The task*).
 
 The train and validation sets are drawn once from `data_seed` alone (never from a run's seed), so every method
@@ -39,6 +42,9 @@ class GlyphTask:
     train_size: int = 20000
     val_size: int = 4096
     data_seed: int = 0
+    glyph_seed: int = -1  # -1: the glyphs drawn from data_seed, before the images; else from this seed alone
+    width: float = 1.5  # pixels at 16 pixels a side: a stroke's width
+    grain: int = 3  # the background's random colours on a grain x grain grid
 
     def __post_init__(self) -> None:
         if self.classes < 2 or self.image_size < 4 or self.strokes < 1:
@@ -47,19 +53,24 @@ class GlyphTask:
             raise ValueError(f"glyph task: keep in (0, 1], shift/jitter/background/noise >= 0 needed, got {self}")
         if self.distractors < 0 or self.train_size < 1 or self.val_size < 1:
             raise ValueError(f"glyph task: distractors >= 0, train_size and val_size >= 1 needed, got {self}")
+        if self.glyph_seed < -1 or self.width <= 0 or self.grain < 1:
+            raise ValueError(f"glyph task: glyph_seed >= -1, width > 0 and grain >= 1 needed, got {self}")
 
     def describe(self) -> str:
+        glyphs = "" if self.glyph_seed == -1 else f", glyph seed {self.glyph_seed}"
         return (f"glyphs: {self.classes} classes, {self.image_size}x{self.image_size} RGB, {self.strokes} strokes "
-                f"(kept with p {self.keep}), shift {self.shift} px, jitter {self.jitter} px, {self.distractors} "
-                f"distractors, background {self.background}, noise {self.noise}; {self.train_size} train / "
-                f"{self.val_size} val images, data seed {self.data_seed}")
+                f"{self.width:g} px wide (kept with p {self.keep}), shift {self.shift} px, jitter {self.jitter} px, "
+                f"{self.distractors} distractors, background {self.background} (grain {self.grain}), noise "
+                f"{self.noise}; {self.train_size} train / {self.val_size} val images, data seed {self.data_seed}"
+                f"{glyphs}")
 
     def generate(self) -> Tensors:
         """(train images, train labels, val images, val labels); images float32 (N, 3, S, S), about zero-mean."""
         g = torch.Generator().manual_seed(self.data_seed)
+        own = g if self.glyph_seed == -1 else torch.Generator().manual_seed(self.glyph_seed)
         s = float(self.image_size)
-        ends = torch.empty(self.classes, self.strokes, 2, 2).uniform_(0.15 * s, 0.85 * s, generator=g)
-        colours = torch.empty(self.classes, self.strokes, 3).uniform_(-1.0, 1.0, generator=g)
+        ends = torch.empty(self.classes, self.strokes, 2, 2).uniform_(0.15 * s, 0.85 * s, generator=own)
+        colours = torch.empty(self.classes, self.strokes, 3).uniform_(-1.0, 1.0, generator=own)
         train = self._draw(ends, colours, self.train_size, g)
         val = self._draw(ends, colours, self.val_size, g)
         return train + val
@@ -77,9 +88,9 @@ class GlyphTask:
         drawn = (torch.rand(n, k, generator=g) < self.keep).float()
         clutter = torch.empty(n, self.distractors, 2, 2).uniform_(0.0, float(s), generator=g)
         clutter_tint = torch.empty(n, self.distractors, 3).uniform_(-1.0, 1.0, generator=g)
-        coarse = torch.randn(n, 3, 3, 3, generator=g)
+        coarse = torch.randn(n, 3, self.grain, self.grain, generator=g)
         image = self.background * F.interpolate(coarse, size=(s, s), mode="bicubic", align_corners=False)
-        width = 1.5 * s / 16.0  # stroke width in pixels: 1.5 at 16 pixels a side
+        width = self.width * s / 16.0  # stroke width in pixels
         # distractors first, so that the glyph's strokes lie over them
         for segs, tints, alpha_scale in ((clutter, clutter_tint, None), (glyph, tint, drawn)):
             for j in range(segs.shape[1]):

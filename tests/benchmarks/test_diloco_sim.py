@@ -124,3 +124,29 @@ def test_the_warm_start_is_averaging_at_once_and_fragments_all_sync_in_a_round_o
 def test_bad_runs_are_named(text, message):
     with pytest.raises(ValueError, match=message):
         sim.parse_run(text)
+
+
+def test_finetune_start_is_the_ranks_start(tmp_path):
+    """--finetune: a simulated worker starts where convergence.py --finetune's ranks do (the recipe's
+    ViTClassifier with checkpoint_path, built after seeding): the checkpoint's weights but the head, which is the
+    seed's own, new one, for the new task's classes."""
+    import lightning as L
+
+    from accuracy.rank import ConvergenceViT
+
+    pretrained = sim.build(7, "vit_tiny_patch16_224", TINY, "cpu")
+    path = str(tmp_path / "backbone.pth")
+    torch.save(pretrained.state_dict(), path)
+    start = sim.build(SEED, "vit_tiny_patch16_224", TINY, "cpu", classes=6, checkpoint=path).state_dict()
+    L.seed_everything(SEED, verbose=False)
+    rank = ConvergenceViT(model_name="vit_tiny_patch16_224", num_classes=6, img_size=sim.IMAGE,
+                          patch_size=sim.PATCH, model_kwargs=TINY, checkpoint_path=path).model.state_dict()
+    fresh = sim.build(SEED, "vit_tiny_patch16_224", TINY, "cpu", classes=6).state_dict()
+    assert start.keys() == rank.keys()
+    for name, value in start.items():
+        assert torch.equal(value, rank[name]), name
+        if name.startswith("head."):
+            assert value.shape[0] == 6 and torch.equal(value, fresh[name]), name
+        else:
+            assert torch.equal(value, pretrained.state_dict()[name]), name
+    assert not torch.equal(start["patch_embed.proj.weight"], fresh["patch_embed.proj.weight"])  # seeds 7 and 3
