@@ -1,5 +1,6 @@
-"""One rank of a convergence launch: the recipe's ViT trained through Lightning's `Trainer` with
-the method's strategy (`MCCLStrategy` or `MCCLDiLoCoStrategy`), once per seed, in the same processes (later fits reuse the process group).
+"""One rank of a convergence launch: the recipe's ViT trained through Lightning's `Trainer` with the method's
+strategy (`MCCLStrategy` or `MCCLDiLoCoStrategy`), once per seed, in the same processes (later fits reuse the
+process group).
 
 The ranks are started as `mccl launch --local N` starts them (sweep/launch.py: torchrun's variables, one
 "node" per rank), so Lightning's TorchElasticEnvironment places them: `Trainer(devices=1, num_nodes=N)`; on
