@@ -53,7 +53,8 @@ class Job:
             failed = {n: p.returncode for n, p in self.procs.items() if p.poll() not in (None, 0)}
             if failed or time.monotonic() > deadline:
                 self.kill_all()
-                raise AssertionError(f"{name} was not written within {timeout:g} s (exited: {failed})\n{self.outputs()}")
+                raise AssertionError(f"{name} was not written within {timeout:g} s (exited: {failed})\n"
+                                     f"{self.outputs()}")
             time.sleep(0.02)
         return float((self.out / name).read_text() or 0)
 
@@ -61,11 +62,13 @@ class Job:
         os.kill(self.procs[name].pid, sig)
         return time.time()
 
-    def wait(self, timeout: float) -> Dict[str, int]:
+    def wait(self, timeout: float, names=None) -> Dict[str, int]:
+        """The exit codes of `names` (default: every process) once they have all exited."""
         deadline = time.monotonic() + timeout
-        while any(p.poll() is None for p in self.procs.values()):
+        names = list(self.procs) if names is None else names
+        while any(self.procs[n].poll() is None for n in names):
             if time.monotonic() > deadline:
-                running = [n for n, p in self.procs.items() if p.poll() is None]
+                running = [n for n in names if self.procs[n].poll() is None]
                 for n in running:  # their Python stacks into their output, then the end
                     self.procs[n].send_signal(signal.SIGUSR1)
                 time.sleep(2.0)
@@ -73,7 +76,7 @@ class Job:
                 raise AssertionError(f"members {running} still ran after {timeout:g} s (their stacks are in their "
                                      f"output)\n{self.outputs()}")
             time.sleep(0.05)
-        return {n: p.returncode for n, p in self.procs.items()}
+        return {n: self.procs[n].returncode for n in names}
 
     def kill_all(self) -> None:
         for p in self.procs.values():

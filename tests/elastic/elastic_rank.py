@@ -3,11 +3,13 @@
 Started by elastic_launch.py as a launched member (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or as a joiner
 (ELASTIC_JOIN=1). It writes <ELASTIC_OUT>/<member>.json when training ends: its final weights and momentum, the
 steps it committed (each with its epoch and the global batch's ids), the ledger of each epoch it finished, and
-when each step boundary was decided. Scenario variables:
+when each step boundary was decided; a member that fails writes <out>/failed-<pid> (the time) first. Scenario
+variables:
 
 - ELASTIC_PAUSE_MEMBER, ELASTIC_PAUSE_AT: that member, at that step (committed steps before it), writes
   <out>/paused and waits in the middle of its step (before its backward) until <out>/go exists or it was
   asked to leave; the others wait in the step's allreduce meanwhile;
+- ELASTIC_ENGINE_HEARTBEAT_S: the elastic group's engine heartbeat timeout (default 10 s);
 - ELASTIC_AWAIT_JOIN_AT: at that step, every launched member writes <out>/awaiting-join and waits until the
   joiner j1 has posted at the step's boundary (so it is admitted there, and trains from the next step on).
 
@@ -32,7 +34,7 @@ from lightning_mccl.elastic import ElasticManager, ElasticSampler, ElasticSettin
 NUM_SAMPLES, FEATURES, GLOBAL_BATCH, EPOCHS = 96, 6, 8, 3
 LR, MOMENTUM, DATA_SEED, SAMPLER_SEED = 0.05, 0.9, 1234, 7
 SETTINGS = ElasticSettings(timeout=40.0, heartbeat_s=0.1, silent_after_s=3.0, suspect_grace_s=0.5,
-                           engine_heartbeat_s=10.0)
+                           engine_heartbeat_s=float(os.environ.get("ELASTIC_ENGINE_HEARTBEAT_S", "10")))
 WAIT_S = 60.0  # the longest a paused member waits
 
 
@@ -112,4 +114,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except Exception:
+        (Path(os.environ["ELASTIC_OUT"]) / f"failed-{os.getpid()}").write_text(str(time.time()))
+        raise

@@ -117,7 +117,7 @@ def test_a_member_an_engine_error_named_is_removed_after_the_grace(world):
     start = time.monotonic()
     d = w.round({"m0": named, "m1": named})["m1"]
     waited = time.monotonic() - start
-    assert d.members == ("m0", "m1") and "connection closed" in d.removed["m2"]
+    assert d.members == ("m0", "m1") and "a collective failed on it" in d.removed["m2"]
     assert SETTINGS.suspect_grace_s <= waited < SETTINGS.silent_after_s
 
 

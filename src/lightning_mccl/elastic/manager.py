@@ -32,7 +32,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Callable, Optional, Sequence, Set
 
 import numpy as np
@@ -42,7 +41,7 @@ import torch.distributed as dist
 from ..rendezvous import rendezvous
 from . import state_transfer
 from .board import Board, Pauses
-from .errors import Diverged, ElasticError, Reconfiguring, Removed, TooFewMembers
+from .errors import Diverged, ElasticError, Removed, TooFewMembers
 from .liveness import Heartbeat, Stillness
 from .membership import Decision, Membership, Post, member_id
 from .process_group import ElasticProcessGroup
@@ -81,9 +80,9 @@ class ElasticManager:
     the job's Store (for the heartbeat thread)."""
 
     def __init__(self, store: dist.Store, *, member: str, members: Sequence[str], sampler: ElasticSampler,
-                 state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], connect: Callable[[], dist.Store],
-                 address: str, settings: Optional[ElasticSettings] = None, leave_on_sigterm: bool = True,
-                 say: Optional[Callable[[str], None]] = None):
+                 state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None],
+                 connect: Callable[[], dist.Store], address: str, settings: Optional[ElasticSettings] = None,
+                 leave_on_sigterm: bool = True, say: Optional[Callable[[str], None]] = None):
         self.settings = settings or ElasticSettings()
         self.me = member
         self.sampler = sampler
@@ -288,21 +287,30 @@ class ElasticManager:
         try:
             self.pg.configure(decision.round, decision.rank_of(self.me), len(decision.members))
             self._members = decision.members
-            state_transfer.transfer(self.pg.backend, decision.members, decision.receivers, self.me, self._payload, self._load)
+            state_transfer.transfer(self.pg.backend, decision.members, decision.receivers, self.me, self._payload,
+                                    self._load)
             return True
-        except (dist.DistError, Reconfiguring) as e:
+        except dist.DistError as e:  # a member gone while the group formed or the state travelled; Reconfiguring
             self.report_error(e)
             self.pg.abort(f"forming quorum {decision.round} failed: {str(e).splitlines()[0]}")
             return False
 
+    def state_dict(self) -> dict:
+        """The manager's part of a checkpoint, taken between steps: the sampler's state (epoch, position, ids to
+        deal again, the epoch's ledger) and the committed steps. It does not depend on the number of members."""
+        return {"sampler": self.sampler.state_dict(), "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from `state_dict()`, on any number of members (call it on every member before the first step)."""
+        self.sampler.load_state_dict(state["sampler"])
+        self.step = int(state["step"])
+
     def _payload(self) -> dict:
-        return {"user": self._state_dict(), "sampler": self.sampler.state_dict(), "step": self.step,
-                "rng": state_transfer.rng_states()}
+        return {"user": self._state_dict(), "manager": self.state_dict(), "rng": state_transfer.rng_states()}
 
     def _load(self, payload: dict) -> None:
         self._load_state_dict(payload["user"])
-        self.sampler.load_state_dict(payload["sampler"])
-        self.step = int(payload["step"])
+        self.load_state_dict(payload["manager"])
         state_transfer.set_rng_states(payload["rng"])
         self.has_state = True
 

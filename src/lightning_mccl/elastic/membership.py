@@ -29,6 +29,7 @@ Host 0 serves the Store and is never let go: its requests to leave are refused.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -154,11 +155,12 @@ class Membership:
         for m in missing:
             still = self._stillness.still_for(m)
             if m in suspects and still >= self.settings.suspect_grace_s:
-                gone[m] = f"its connection closed and its heartbeat stopped ({still:.1f} s)"
+                gone[m] = f"a collective failed on it and its heartbeat stopped ({still:.1f} s)"
             elif still >= self.settings.silent_after_s:
                 gone[m] = f"its heartbeat stopped for {still:.1f} s"
             elif waited >= self.settings.timeout:
-                gone[m] = f"it did not reach the step boundary within {self.settings.timeout:g} s (the elastic timeout)"
+                gone[m] = (f"it did not reach the step boundary within {self.settings.timeout:g} s (the elastic "
+                           f"timeout)")
             else:
                 return None
         return gone
@@ -241,8 +243,6 @@ def _listed(removed: Dict[str, str]) -> str:
 
 def _json(decision: Decision):
     """The decision as the Store returns it (lists where the dataclass holds tuples)."""
-    import json
-
     return json.loads(json.dumps(asdict(decision)))
 
 

@@ -58,10 +58,6 @@ class Deal:
     def of(self, member: str) -> np.ndarray:
         return self.slices[member]
 
-    def weight(self, member: str) -> float:
-        """The member's part of the global batch (its ids over the step's ids); 0 for an empty step."""
-        return len(self.slices[member]) / len(self.ids) if len(self.ids) else 0.0
-
 
 class ElasticSampler:
     """Deals each step's global batch to the current members; see the module docstring."""
