@@ -58,6 +58,15 @@ class Job:
             time.sleep(0.02)
         return float((self.out / name).read_text() or 0)
 
+    def await_output(self, name: str, text: str, timeout: float) -> None:
+        """Until `name`'s output holds `text`."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output(name):
+            if time.monotonic() > deadline:
+                self.kill_all()
+                raise AssertionError(f"{name} did not print {text!r} within {timeout:g} s\n{self.outputs()}")
+            time.sleep(0.02)
+
     def signal(self, name: str, sig: int) -> float:
         os.kill(self.procs[name].pid, sig)
         return time.time()

@@ -9,6 +9,7 @@ variables:
 - ELASTIC_PAUSE_MEMBER, ELASTIC_PAUSE_AT: that member, at that step (committed steps before it), writes
   <out>/paused and waits in the middle of its step (before its backward) until <out>/go exists or it was
   asked to leave; the others wait in the step's allreduce meanwhile;
+- ELASTIC_STEP_SLEEP: seconds every step sleeps (a slower job);
 - ELASTIC_ENGINE_HEARTBEAT_S: the elastic group's engine heartbeat timeout (default 10 s);
 - ELASTIC_AWAIT_JOIN_AT: at that step, every launched member writes <out>/awaiting-join and waits until the
   joiner j1 has posted at the step's boundary (so it is admitted there, and trains from the next step on).
@@ -59,6 +60,7 @@ def main() -> int:
     pause_member = os.environ.get("ELASTIC_PAUSE_MEMBER", "")
     pause_at = int(os.environ.get("ELASTIC_PAUSE_AT", "-1"))
     await_join_at = int(os.environ.get("ELASTIC_AWAIT_JOIN_AT", "-1"))
+    step_sleep = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
     x, y = dataset()
     inputs, targets = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)
     torch.manual_seed(int(os.environ.get("RANK", "99")))  # different on every member: host 0's state wins
@@ -91,6 +93,7 @@ def main() -> int:
             record["awaited"] = True  # until j1 posted at this step's boundary (once: the step may be redone)
             (out / "awaiting-join").write_text(str(time.time()))
             _wait_until(lambda: manager.board.has([f"round/{manager.membership.round}/post/j1"]))
+        time.sleep(step_sleep)
         ids = torch.as_tensor(step.ids)
         loss = ((ddp(inputs[ids]).squeeze(1) - targets[ids]) ** 2).sum() / max(len(ids), 1)
         loss.backward()

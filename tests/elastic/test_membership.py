@@ -1,7 +1,7 @@
 """The membership rounds over a real TCPStore, each member a thread with its own Store client and heartbeat:
 one decision per round, read by every member; failed steps, silent members, members named by an engine error,
 leave requests (the member's own and the leave log's), host 0's refused, joiners admitted, the minimum, state
-digests that disagree, and a live but slow member waited for."""
+digests that disagree, a live but slow member waited for, and one far behind told so (never deciding alone)."""
 from __future__ import annotations
 
 import threading
@@ -13,8 +13,9 @@ import pytest
 import torch.distributed as dist
 
 from lightning_mccl.elastic.board import Board
+from lightning_mccl.elastic.errors import Removed
 from lightning_mccl.elastic.liveness import Heartbeat
-from lightning_mccl.elastic.membership import Membership, Post, request_leave
+from lightning_mccl.elastic.membership import KEEP_ROUNDS, Membership, Post, request_leave
 from lightning_mccl.elastic.settings import ElasticSettings
 
 SETTINGS = ElasticSettings(timeout=20.0, heartbeat_s=0.05, silent_after_s=1.5, suspect_grace_s=0.25)
@@ -193,3 +194,12 @@ def test_a_member_removed_while_alive_learns_it(world):
     thread.join(10)
     d = w.views["m1"].boundary(OK)  # m1 comes late, its heartbeat never ran: the round went on without it
     assert d == result["m0"] and "m1" in d.removed and "m1" not in d.members
+
+
+def test_a_member_far_behind_learns_it_was_left_behind(world):
+    w = world(2, alive=["m0"], settings=ElasticSettings(timeout=20.0, heartbeat_s=0.05, silent_after_s=0.3,
+                                                        suspect_grace_s=0.2))
+    for n in range(KEEP_ROUNDS + 2):  # m0 alone after round 0; the first rounds' decisions are deleted
+        assert w.views["m0"].boundary(OK).members == ("m0",)
+    with pytest.raises(Removed, match=f"member m1 fell more than {KEEP_ROUNDS} step boundaries behind"):
+        w.views["m1"].boundary(OK)

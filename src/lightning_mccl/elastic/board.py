@@ -68,6 +68,10 @@ class Board:
         text = json.dumps(value)
         return json.loads(self._call(self.store.compare_set, PREFIX + key, "", text))
 
+    def compare_set(self, key: str, expected: int, desired: int) -> int:
+        """A counter (as `add` keeps it) set to `desired` if it holds `expected`; returns what it holds after."""
+        return int(self._call(self.store.compare_set, PREFIX + key, str(expected), str(desired)))
+
     def delete(self, key: str) -> None:
         self._call(self.store.delete_key, PREFIX + key)
 

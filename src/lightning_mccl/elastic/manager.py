@@ -84,16 +84,16 @@ class ElasticManager:
                  connect: Callable[[], dist.Store], address: str, settings: Optional[ElasticSettings] = None,
                  leave_on_sigterm: bool = True, say: Optional[Callable[[str], None]] = None):
         self.settings = settings or ElasticSettings()
-        self.me = member
         self.sampler = sampler
         self._state_dict = state_dict
         self._load_state_dict = load_state_dict
         self._say = say or (lambda line: print(f"mccl elastic: {line}", file=sys.stderr, flush=True))
-        self.board = Board(store, member, address)
-        self.membership = Membership(self.board, member, self.settings, members, STORE_HOST, self._say)
+        self.board = Board(store, member or "(a joiner)", address)
         if not members:
-            self.me = self.membership.me = Membership.register_joiner(
+            member = self.board.member = Membership.register_joiner(
                 self.board, {"host": socket.gethostname(), "pid": os.getpid()})
+        self.me = member
+        self.membership = Membership(self.board, member, self.settings, members, STORE_HOST, self._say)
         self.pg = ElasticProcessGroup(store, timeout=self.settings.group_timeout,
                                       settings=self.settings.group_settings(), route_to=address.rsplit(":", 1)[0],
                                       report=self.report_error)

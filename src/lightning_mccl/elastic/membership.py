@@ -23,7 +23,7 @@ value, so no two members can act on different memberships. It holds:
   failed); ``end``: the job cannot go on (too few members, diverged state), and why.
 
 Joiners register in the join log (``join/<k>``, id ``j<k>``) and post at the round after the latest decided
-one (``latest``); one that posted in time is admitted, one that did not tries the next round. Requests to leave
+one (``next``); one that posted in time is admitted, one that did not tries the next round. Requests to leave
 come from the member itself (SIGTERM, `request_leave`) or from the leave log (``leave/<k>``, by `mccl leave`).
 Host 0 serves the Store and is never let go: its requests to leave are refused.
 """
@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .board import Board, Pauses
-from .errors import ElasticError
+from .errors import ElasticError, Removed
 from .liveness import Stillness
 from .settings import ElasticSettings
 
@@ -111,8 +111,7 @@ class Membership:
 
     def catch_up(self) -> None:
         """A joiner: post next at the round after the latest decided one."""
-        latest = self.board.add("latest", 0)
-        self.round = max(self.round, latest + 1)
+        self.round = max(self.round, self.board.add("next", 0))
 
     # ---- one round ----------------------------------------------------------------------------------------
 
@@ -137,6 +136,10 @@ class Membership:
                 raise ElasticError(f"joiner {self.me}: the running job decided no step boundary within "
                                    f"{self.settings.timeout:g} s (the elastic timeout): is it still running?")
             if self.me in self.members and time.monotonic() >= next_look:
+                if self.board.add("next", 0) > n and not self.board.has([_decision_key(n)]):
+                    # decided (`next` moves on after the decision is written), and deleted since: long behind
+                    raise Removed(f"mccl elastic: member {self.me} fell more than {KEEP_ROUNDS} step boundaries "
+                                  f"behind (it was stopped or stalled): the job went on without it")
                 gone = self._gone(n, time.monotonic() - start)
                 if gone is not None:
                     self._decide(n, gone)
@@ -166,8 +169,10 @@ class Membership:
         return gone
 
     def _decide(self, n: int, gone: Dict[str, str]) -> None:
-        self._read_logs()
         posted = [m for m in self.members if m not in gone]
+        if self.board.has([_decision_key(n)]) or not self.board.has([_post_key(n, m) for m in posted]):
+            return  # decided already (the posts of an old round may be gone)
+        self._read_logs()
         posts = dict(zip(posted, (Post(**{**p, "suspects": tuple(p["suspects"])})
                                   for p in self.board.get_many([_post_key(n, m) for m in posted]))))
         joiners = [j for j in self._joiners if j not in self.members and self.board.has([_post_key(n, j)])]
@@ -205,10 +210,17 @@ class Membership:
             removed=removed, left=tuple(left), reform=members != self.members or not commit, reason="; ".join(failed),
             end=end, too_few=too_few)
         if self.board.set_once(_decision_key(n), asdict(decision)) == _json(decision):
-            self.board.set("latest", n)  # a hint for joiners (rounds only grow)
+            self._advance_next(n + 1)
             if n >= KEEP_ROUNDS:
                 self.board.delete(_decision_key(n - KEEP_ROUNDS))
                 self.board.delete(f"round/{n - KEEP_ROUNDS}/count")
+
+    def _advance_next(self, n: int) -> None:
+        """`next` (the round after the latest decided) := n unless it is past n already (compare-and-set: it
+        never goes back)."""
+        current = self.board.add("next", 0)
+        while current < n:
+            current = self.board.compare_set("next", current, n)
 
     def _read_logs(self) -> None:
         joins, self._joins_seen = self.board.read_log("join", self._joins_seen)
