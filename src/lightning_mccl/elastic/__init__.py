@@ -1,0 +1,23 @@
+"""Elastic training: members leave and join a running job, no sample is lost or repeated (docs/elastic.md).
+
+- `ElasticSampler` (sampler.py): each step's global batch dealt to the current members; the ledger;
+- membership.py: who is in at each step boundary, decided once in host 0's Store and read by all;
+- `ElasticProcessGroup` (process_group.py): the group DDP holds, re-formed in place;
+- `ElasticManager` (manager.py): the loop's start_step / should_commit, the vote, the state sent to joiners;
+- `elastic_ddp` (ddp.py): torch's DDP over the elastic group.
+
+``import lightning_mccl`` does not import this package (it loads torch).
+"""
+from __future__ import annotations
+
+from .ddp import elastic_ddp
+from .errors import (HOST_ZERO_MUST_STAY, Diverged, ElasticError, HostZeroLost, Reconfiguring, Removed,
+                     TooFewMembers)
+from .manager import ElasticManager, Step
+from .process_group import ElasticProcessGroup
+from .sampler import Deal, ElasticSampler
+from .settings import ElasticSettings
+
+__all__ = ["ElasticSampler", "Deal", "ElasticSettings", "ElasticManager", "Step", "ElasticProcessGroup", "elastic_ddp",
+           "ElasticError", "HostZeroLost", "Removed", "TooFewMembers", "Diverged", "Reconfiguring",
+           "HOST_ZERO_MUST_STAY"]

@@ -1,0 +1,53 @@
+"""How long an elastic job waits, and for what: every duration of the membership protocol, declared once.
+
+How a failure is noticed (docs/elastic.md, *Noticing*):
+
+- a member that exits, crashes or is killed closes its sockets: the collective in flight fails at once on every
+  member with the engine's connection error, which names it; at the step boundary the others wait for it only
+  `suspect_grace_s` (its Store heartbeat must also have stopped for that long), then go on without it;
+- a member that stops without closing (asleep, cable pulled, SIGSTOP): the elastic group's engine heartbeat
+  (`engine_heartbeat_s`, the group's MCCL_HEARTBEAT_TIMEOUT) fails the collective in flight, naming it;
+- a member that is silent between collectives: its Store heartbeat (one counter bumped every `heartbeat_s`)
+  has not moved for `silent_after_s` at the step boundary;
+- a member whose heartbeat goes on but which never reaches the boundary: `timeout`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import timedelta
+
+
+@dataclass(frozen=True)
+class ElasticSettings:
+    """The elastic job's durations, in seconds; see the module docstring."""
+
+    timeout: float = 60.0  # collectives of the elastic group, building it, and a live member late at a boundary
+    heartbeat_s: float = 0.1  # each member bumps its Store heartbeat this often
+    silent_after_s: float = 3.0  # a member whose heartbeat did not move for this long is gone
+    suspect_grace_s: float = 0.5  # the same for a member an engine error named (its connection closed)
+    engine_heartbeat_s: float = 10.0  # the elastic group's MCCL_HEARTBEAT_TIMEOUT
+    min_members: int = 1  # fewer members than this end the job (TooFewMembers)
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not value > 0:
+                raise ValueError(f"ElasticSettings.{f.name}={value!r} must be positive")
+        if self.heartbeat_s * 4 > self.suspect_grace_s:
+            raise ValueError(f"ElasticSettings: heartbeat_s={self.heartbeat_s} must be at most a quarter of "
+                             f"suspect_grace_s={self.suspect_grace_s} (a live member beats at least 4 times in it)")
+        if self.suspect_grace_s > self.silent_after_s:
+            raise ValueError(f"ElasticSettings: suspect_grace_s={self.suspect_grace_s} is longer than "
+                             f"silent_after_s={self.silent_after_s}")
+
+    @property
+    def group_timeout(self) -> timedelta:
+        return timedelta(seconds=self.timeout)
+
+    def group_settings(self) -> dict:
+        """The elastic group's own engine settings (its pg settings, never the environment)."""
+        return {"MCCL_HEARTBEAT_TIMEOUT": f"{self.engine_heartbeat_s:g}",
+                "MCCL_HEARTBEAT_INTERVAL": f"{min(1.0, self.engine_heartbeat_s / 4):g}"}
+
+
+__all__ = ["ElasticSettings"]

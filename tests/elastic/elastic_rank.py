@@ -1,0 +1,124 @@
+"""One member of the elastic tests' job: linear regression in torch's DDP over the elastic group.
+
+Started by elastic_launch.py as a launched member (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or as a joiner
+(ELASTIC_JOIN=1). It writes <ELASTIC_OUT>/<member>.json when training ends: its final weights and momentum, the
+steps it committed (each with its epoch and the global batch's ids), the ledger of each epoch it finished, and
+when each step boundary was decided; a member that fails writes <out>/failed-<pid> (the time) first. Scenario
+variables:
+
+- ELASTIC_PAUSE_MEMBER, ELASTIC_PAUSE_AT: that member, at that step (committed steps before it), writes
+  <out>/paused and waits in the middle of its step (before its backward) until <out>/go exists or it was
+  asked to leave; the others wait in the step's allreduce meanwhile;
+- ELASTIC_STEP_SLEEP: seconds every step sleeps (a slower job);
+- ELASTIC_ENGINE_HEARTBEAT_S: the elastic group's engine heartbeat timeout (default 10 s);
+- ELASTIC_AWAIT_JOIN_AT: at that step, every launched member writes <out>/awaiting-join and waits until the
+  joiner j1 has posted at the step's boundary (so it is admitted there, and trains from the next step on).
+
+SIGUSR1 dumps every thread's Python stack to the output (the launcher's report of a member that hangs).
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.parallel  # noqa: F401  (DDP's imports, before the job starts)
+
+from lightning_mccl.elastic import ElasticManager, ElasticSampler, ElasticSettings, elastic_ddp
+
+NUM_SAMPLES, FEATURES, GLOBAL_BATCH, EPOCHS = 96, 6, 8, 3
+LR, MOMENTUM, DATA_SEED, SAMPLER_SEED = 0.05, 0.9, 1234, 7
+SETTINGS = ElasticSettings(timeout=40.0, heartbeat_s=0.1, silent_after_s=3.0, suspect_grace_s=0.5,
+                           engine_heartbeat_s=float(os.environ.get("ELASTIC_ENGINE_HEARTBEAT_S", "10")))
+WAIT_S = 60.0  # the longest a paused member waits
+
+
+def dataset():
+    g = np.random.default_rng(DATA_SEED)
+    x = g.standard_normal((NUM_SAMPLES, FEATURES))
+    y = x @ g.standard_normal(FEATURES) + 0.1 * g.standard_normal(NUM_SAMPLES)
+    return x, y
+
+
+def _wait_until(condition) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the test's scenario did not go on")
+        time.sleep(0.02)
+
+
+def main() -> int:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    out = Path(os.environ["ELASTIC_OUT"])
+    pause_member = os.environ.get("ELASTIC_PAUSE_MEMBER", "")
+    pause_at = int(os.environ.get("ELASTIC_PAUSE_AT", "-1"))
+    await_join_at = int(os.environ.get("ELASTIC_AWAIT_JOIN_AT", "-1"))
+    step_sleep = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
+    x, y = dataset()
+    inputs, targets = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)
+    torch.manual_seed(int(os.environ.get("RANK", "99")))  # different on every member: host 0's state wins
+    model = torch.nn.Linear(FEATURES, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+
+    def load(state):
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+
+    manager = ElasticManager.from_env(
+        ElasticSampler(NUM_SAMPLES, GLOBAL_BATCH, seed=SAMPLER_SEED),
+        state_dict=lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+        load_state_dict=load, join=os.environ.get("ELASTIC_JOIN") == "1", settings=SETTINGS)
+    record = {"commits": [], "ledgers": {}, "boundaries": [], "first_step": None, "initial": None}
+    ddp = None
+    while manager.epoch < EPOCHS:
+        step = manager.start_step()
+        if step is None:
+            break
+        if ddp is None:
+            record["first_step"] = step.index
+            record["initial"] = [p.detach().double().flatten().tolist() for p in model.parameters()]
+            ddp = elastic_ddp(model, manager)
+        record["boundaries"].append({"start": time.time(), "step": step.index, "size": step.size})
+        if manager.me == pause_member and step.index == pause_at and not (out / "paused").exists():
+            (out / "paused").write_text(str(time.time()))
+            _wait_until(lambda: (out / "go").exists() or manager.leave_requested)
+        if manager.me.startswith("m") and step.index == await_join_at and "awaited" not in record:
+            record["awaited"] = True  # until j1 posted at this step's boundary (once: the step may be redone)
+            (out / "awaiting-join").write_text(str(time.time()))
+            _wait_until(lambda: manager.board.has([f"round/{manager.membership.round}/post/j1"]))
+        time.sleep(step_sleep)
+        ids = torch.as_tensor(step.ids)
+        loss = ((ddp(inputs[ids]).squeeze(1) - targets[ids]) ** 2).sum() / max(len(ids), 1)
+        loss.backward()
+        committed = manager.should_commit()
+        record["boundaries"][-1].update(end=time.time(), committed=committed, reason=manager.decision.reason,
+                                        members=list(manager.decision.members))
+        if committed:
+            optimizer.step()
+            record["commits"].append([step.index, step.epoch, step.deal.ids.tolist()])
+        optimizer.zero_grad()
+        if manager.sampler.epoch_done:
+            record["ledgers"][str(manager.sampler.epoch)] = manager.sampler.ledger().tolist()
+    record["trained_at"] = time.time()
+    manager.finish()
+    record.update(finished_at=time.time(), member=manager.me, left=manager.left, steps=manager.step,
+                  weights=[p.detach().double().flatten().tolist() for p in model.parameters()],
+                  momentum=[optimizer.state[p]["momentum_buffer"].double().flatten().tolist()
+                            for p in model.parameters() if p in optimizer.state])
+    (out / f"{manager.me}.json").write_text(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Exception:
+        (Path(os.environ["ELASTIC_OUT"]) / f"failed-{os.getpid()}").write_text(str(time.time()))
+        raise
