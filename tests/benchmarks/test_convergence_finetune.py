@@ -150,10 +150,12 @@ def test_controls_run_last_and_only_when_fine_tuning():
 def test_a_diloco_variant_is_one_line_and_unavailable_until_the_strategy_takes_it():
     import convergence
 
-    variant = methods.Method("diloco-h4-warm32", methods._diloco(4, warm_start_steps_not_built=32), 1.0)
-    assert variant.strategy == {"sync": "diloco", "sync_every": 4, "warm_start_steps_not_built": 32}
+    built = methods._diloco("diloco-h4-warm32", 4, 1.0, (), warm_start=32)
+    assert (built.strategy, built.cls) == ({"sync_every": 4, "warm_start": 32}, "MCCLDiLoCoStrategy")
+    assert convergence.refusal(built, {"comm_metrics": False}) == "ok"
+    variant = methods._diloco("diloco-h4-later", 4, 1.0, (), warm_start_steps_not_built=32)
     status = convergence.refusal(variant, {"comm_metrics": False})
-    assert status.startswith("unavailable: MCCLStrategy takes no warm_start_steps_not_built"), status
+    assert status.startswith("unavailable: MCCLDiLoCoStrategy takes no warm_start_steps_not_built"), status
     assert methods.diloco_periods([variant]) == [4]
 
 

@@ -5,19 +5,15 @@ ranks to 2, and an average divides by the ranks of the current quorum; with a re
 from __future__ import annotations
 
 import os
-import sys
 from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch"))
-from harness import is_gloo, run_ranks  # noqa: E402
-
-from lightning_mccl.elastic import ElasticProcessGroup, Reconfiguring  # noqa: E402
+from lightning_mccl.elastic import ElasticProcessGroup, Reconfiguring
+from lightning_mccl.testing import is_gloo, run_ranks
 
 pytestmark = pytest.mark.skipif(is_gloo(), reason="the elastic group wraps mccl groups only")
 
