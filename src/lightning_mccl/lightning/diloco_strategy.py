@@ -64,16 +64,8 @@ class MCCLDiLoCoStrategy(MCCLBase):
     strategy_name = "mccl_diloco"
     diloco_compress = True
 
-    def __init__(
+    def __init__(  # DiLoCo's own arguments first, then the process group's, then what Lightning passes in
         self,
-        accelerator: Optional["pl.accelerators.Accelerator"] = None,
-        parallel_devices: Optional[list[torch.device]] = None,
-        cluster_environment: Optional[ClusterEnvironment] = None,
-        checkpoint_io: Optional[CheckpointIO] = None,
-        precision_plugin: Optional[Precision] = None,
-        process_group_backend: Optional[str] = BACKEND,
-        timeout: Optional[Union[timedelta, float]] = DEFAULT_TIMEOUT,
-        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
         sync_every: int = SYNC_EVERY,
         sync_delay: int = SYNC_DELAY,
         outer_lr: float = OUTER_LR,
@@ -86,6 +78,14 @@ class MCCLDiLoCoStrategy(MCCLBase):
         compress: Optional[DiLoCoCompress] = None,
         comm_metrics: Union[bool, "CommMetrics"] = True,
         options: Optional[Union[Options, Mapping[str, object]]] = None,
+        process_group_backend: Optional[str] = BACKEND,
+        timeout: Optional[Union[timedelta, float]] = DEFAULT_TIMEOUT,
+        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        accelerator: Optional["pl.accelerators.Accelerator"] = None,
+        parallel_devices: Optional[list[torch.device]] = None,
+        cluster_environment: Optional[ClusterEnvironment] = None,
+        checkpoint_io: Optional[CheckpointIO] = None,
+        precision_plugin: Optional[Precision] = None,
     ) -> None:
         check_settings(sync_every, outer_lr, outer_momentum, sync_delay, type(self).__name__)
         check_schedule(sync_every, warm_start, fragments, qsr_alpha, max_sync_every, type(self).__name__)
