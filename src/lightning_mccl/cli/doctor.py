@@ -28,8 +28,9 @@ from ..launcher import LaunchError, LaunchPlan, first_error, supervise
 from ..launcher.doctor_bench import RESULT_MARKER
 from ..launcher.doctor_checks import (PROBE_MARKER, PROBE_TIMEOUT_S, VERSIONS, CapturedOutput, HostReport,
                                       bench_command, check_hosts, probe_command, setup_findings)
+from ..launcher import host_checks
 from ..launcher.doctor_reduction import table as reduction_table
-from ..launcher.host_checks import FAIL, OK, Finding
+from ..launcher.host_checks import EVERY_HOST, FAIL, OK, Finding
 from ..tables import stdout_console
 from .arg_types import mib, positive_int, positive_seconds
 from .console import make_log, stderr_console
@@ -37,6 +38,17 @@ from .fleet_args import add_fleet_arguments, plan_from_args
 
 # A link slower than this fraction of the fleet's median bandwidth is marked "slow".
 SLOW_FRACTION = 0.5
+
+
+def epilog() -> str:
+    """`mccl doctor --help`'s list of the host setup checks, from their declaration (host_checks.CHECKS)."""
+    checks = host_checks.CHECKS
+    width = max(len(c.name) for c in checks)
+    lines = ["host setup checks, the Host setup table (docs/macs.md, step 6):"]
+    for hosts in dict.fromkeys(c.hosts for c in checks):
+        lines.append(f"  {hosts}:" if hosts == EVERY_HOST else f"  {hosts} hosts also:")
+        lines += [f"    {c.name:<{width}}  {c.what}" for c in checks if c.hosts == hosts]
+    return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,8 +10,9 @@ sleeping Mac drops out of the job and out of ssh), the Xcode command-line tools 
 lightning-mccl), and whether the interface is Wi-Fi (slow, and variable: a fleet wants Ethernet or a
 Thunderbolt bridge).
 
-`judge(host, probe, addr)` returns `Finding`s; `state` is ``ok``, ``warn`` (works, but see the fix) or ``fail``
-(the job will not run or will hang until it is fixed).
+`CHECKS` declares them, in the order the table shows them (`mccl doctor --help` lists it); `judge(host, probe,
+addr)` runs them and returns `Finding`s; `state` is ``ok``, ``warn`` (works, but see the fix) or ``fail`` (the job
+will not run or will hang until it is fixed).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import ipaddress
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from ..hostfile import resolve
 from .host_probe import SOCKETFILTERFW
@@ -171,14 +172,44 @@ def check_xcode(host: str, probe: dict) -> Finding:
                    "xcode-select --install")
 
 
+EVERY_HOST, MACOS = "every host", "macOS"
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    """One check of `mccl doctor`'s Host setup table."""
+
+    name: str  # the table's "check" column
+    hosts: str  # EVERY_HOST, or MACOS: macOS hosts only
+    what: str  # what it checks, for `mccl doctor --help`
+    run: Callable[[str, dict, Optional[str]], Optional[Finding]]  # (host, probe, its hostfile addr or None)
+
+
+def _host_only(check: Callable[[str, dict], Finding]) -> Callable[[str, dict, Optional[str]], Finding]:
+    """A check that needs no hostfile addr, as a HostCheck runs it."""
+    return lambda host, probe, addr: check(host, probe)
+
+
+# Every check, in the order the table shows them; `mccl doctor --help` lists them from here.
+CHECKS = (
+    HostCheck("addr", EVERY_HOST, "the hostfile's addr is one of the host's own addresses, and on which interface",
+              lambda host, probe, addr: check_addr(host, probe, addr) if addr else None),
+    HostCheck("interface", EVERY_HOST, "the interface and address its ranks listen on (ifname, else the route to "
+              "host 0), Lightning's Gloo groups with them; Wi-Fi is warned", _host_only(check_interface)),
+    HostCheck("path", EVERY_HOST, "the working directory and the Python the ranks run with", _host_only(check_path)),
+    HostCheck("firewall", MACOS, "the application firewall lets the ranks' Python accept its peers' connections",
+              _host_only(check_firewall)),
+    HostCheck("sleep", MACOS, "system sleep when idle (pmset)", _host_only(check_sleep)),
+    HostCheck("Xcode CLT", MACOS, "the Xcode command-line tools (to build lightning-mccl)", _host_only(check_xcode)),
+)
+
+
 def judge(host: str, probe: dict, addr: Optional[str] = None) -> List[Finding]:
     """Every finding for one host (whose hostfile `addr` is checked when given), in the order the table shows
     them."""
-    found = [f for f in (check_addr(host, probe, addr) if addr else None,) if f is not None]
-    found += [check_interface(host, probe), check_path(host, probe)]
-    if probe.get("system") == "Darwin":
-        found += [check_firewall(host, probe), check_sleep(host, probe), check_xcode(host, probe)]
-    return found
+    darwin = probe.get("system") == "Darwin"
+    found = (c.run(host, probe, addr) for c in CHECKS if c.hosts == EVERY_HOST or darwin)
+    return [f for f in found if f is not None]
 
 
 def path_fix(output: List[str]) -> Optional[str]:

@@ -25,6 +25,7 @@ import lightning.pytorch as pl
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.pytorch.plugins.precision import Precision
 
+from ..accuracy_costs import DILOCO, Mode
 from ..diloco.outer import DiLoCo, OuterOptimizer
 from ..diloco.settings import OUTER_LR, OUTER_MOMENTUM, SYNC_EVERY, check_settings
 from ..options import Options
@@ -95,6 +96,12 @@ class MCCLDiLoCoStrategy(MCCLBase):
     def outer_group(self) -> Optional[Any]:
         """During a fit: the process group of its outer allreduce (for `lightning_mccl.stats(group)`); else None."""
         return self._outer.group if self._outer is not None else None
+
+    @override
+    def comm_mode(self) -> Mode:
+        plain = self.outer_optimizer is None and (self.outer_lr, self.outer_momentum) == (OUTER_LR, OUTER_MOMENTUM)
+        return Mode(DILOCO, self.compress, sync_every=self.sync_every, sync_delay=self.sync_delay,
+                    plain_averaging=plain)
 
     @override
     def configure_ddp(self) -> None:
