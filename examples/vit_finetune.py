@@ -5,9 +5,10 @@
     python examples/vit_finetune.py fit --config configs/vit_fleet24.yaml   # 24 Macs, strategy "mccl"
 
 Everything is a LightningCLI option: `--trainer.max_epochs 5`, `--model.lr 3e-4`,
-`--data.dataset cifar10`, `--ckpt_path last.ckpt` (resume), `--print_config`. The data's class count
-and image size are passed on to the model. At the end, rank 0 prints the final validation accuracy,
-the wall time (from process start) and the training throughput.
+`--data.dataset cifar10`, `--ckpt_path last` (resume from the job's newest checkpoint), `--print_config`. The
+data's class count and image size are passed on to the model. A fit that `mccl launch --max-restarts N` (or
+torchrun) restarts resumes from the job's newest checkpoint by itself. At the end, rank 0 prints the final
+validation accuracy, the wall time (from process start) and the training throughput.
 """
 import time
 
@@ -16,6 +17,7 @@ _START = time.perf_counter()
 import lightning_mccl  # noqa: E402,F401  registers the "mccl" backend and Lightning strategy
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback  # noqa: E402
 
+from lightning_mccl.lightning import ckpt_path_on_restart  # noqa: E402
 from lightning_mccl.recipes import ImageDataModule, ViTClassifier  # noqa: E402
 
 
@@ -30,11 +32,17 @@ class SaveConfigWithLogs(SaveConfigCallback):
 
 
 class ViTCLI(LightningCLI):
-    """LightningCLI whose model takes its class count and input size from the data."""
+    """LightningCLI whose model takes its class count and input size from the data, and whose fit resumes by
+    itself after a restart."""
 
     def add_arguments_to_parser(self, parser):
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
         parser.link_arguments("data.image_size", "model.img_size")
+
+    def before_fit(self):
+        """On a restart, `--ckpt_path` defaults to "last": the job's newest checkpoint."""
+        config = self.config_init[self.subcommand]
+        config["ckpt_path"] = ckpt_path_on_restart(config.get("ckpt_path"))
 
 
 def main(args=None):

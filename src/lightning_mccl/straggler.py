@@ -22,6 +22,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from .accuracy_costs import Mode, summary_line as mode_line
+
 # $MCCL_SUMMARY_MARKER set (by `mccl launch`): CommMetrics on rank 0 also prints its end-of-fit summary record
 # as one line "<marker> <json>", which the launcher takes out of the output and prints with summary_text()
 # once every rank has ended.
@@ -216,7 +218,11 @@ def summary_line(record: dict) -> str:
 
 
 def summary_text(record: dict) -> str:
+    """The end-of-fit summary: the host table, summary_line(), the mode's line when the record names one
+    (accuracy_costs.summary_line) and the proposal after a straggler warning."""
     text = format_table(record["hosts"]) + "\n" + summary_line(record)
+    if record.get("mode"):
+        text += "\n" + mode_line(Mode(**record["mode"]))
     if record.get("proposal"):
         sizes = ", ".join(f"{host}: {size}" for host, size in record["proposal"].items())
         text += (f"\nmccl: batch sizes per host that would equalise step time, same global batch: {sizes}"

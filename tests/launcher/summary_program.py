@@ -10,6 +10,8 @@ RECORD = {
               {"host": "mac-b", "ranks": [1], "compute_s": 0.3, "wait_s": 0.0, "samples_per_s": 40.0}],
     "slowest": {"rank": 1, "host": "mac-b", "compute_s": 0.3, "factor": 1.33},
     "world_size": 2,
+    "mode": {"sync": "diloco", "compress": "bf16", "powersgd_rank": None, "sync_every": 4, "sync_delay": 1,
+             "plain_averaging": True},
 }
 
 rank = int(os.environ["RANK"])

@@ -24,6 +24,9 @@ def test_launch_prints_the_fleet_summary_at_the_end():
     assert out[start + 3].split() == ["mac-b", "1", "300.0", "ms", "0.0", "ms", "40.0"]
     assert out[start + 4] == ("mccl: communication 25% of step time (10% exposed), goodput 3.50 Gb/s, 2.50 MB/step"
                               " per rank, 2 ranks; slowest: rank 1 on mac-b (1.33x the median compute)")
+    assert out[start + 5].startswith("mccl: mode: DiLoCo, H = 4, tau = 1, plain averaging, pseudo-gradients in bf16: "
+                                     "measured on the project's benchmark task")
+    assert out[start + 5].endswith("(3 seeds; benchmarks/record/diloco.md#what-diloco-costs-in-accuracy)")
 
 
 class Lines:

@@ -1,12 +1,13 @@
 """A fit whose traffic is known, for test_comm_metrics.py.
 
-    python comm_metrics_script.py OUT_DIR WORLD [SLOW_RANK SLEEP_S]
+    python comm_metrics_script.py OUT_DIR WORLD [SLOW_RANK SLEEP_S] [--compress NAME]
 
 Trainer(strategy="mccl", devices=WORLD) on CPU trains one bias-free Linear layer (GRAD_COUNT float32
 parameters, a single DDP bucket) for STEPS steps with a CSVLogger under OUT_DIR/csv and
 CommMetrics(every_n_steps=EVERY). With SLOW_RANK, that rank sleeps SLEEP_S in each training step. Every
 rank writes OUT_DIR/rank<R>.json: the callback's logged history, its straggler windows, the warnings it
-raised and the host names; rank 0 also the text it printed at the end of fit (stdout is the test's).
+raised, the accuracy-cost warnings the fit raised (every one, however often) and the host names; rank 0 also
+the text it printed at the end of fit (stdout is the test's). --compress: MCCLStrategy(compress=NAME).
 """
 from __future__ import annotations
 
@@ -54,12 +55,21 @@ class KnownGradient(L.LightningModule):
 
 
 def main() -> None:
+    from lightning_mccl.accuracy_costs import AccuracyCostWarning
+    from lightning_mccl.lightning import MCCLStrategy
     from lightning_mccl.lightning.comm_metrics import CommMetrics
 
-    out_dir, world = sys.argv[1], int(sys.argv[2])
-    slow_rank, sleep_s = (int(sys.argv[3]), float(sys.argv[4])) if len(sys.argv) > 4 else (-1, 0.0)
+    args = sys.argv[1:]
+    compress = None
+    if "--compress" in args:
+        i = args.index("--compress")
+        compress = args.pop(i + 1)
+        args.pop(i)
+    out_dir, world = args[0], int(args[1])
+    slow_rank, sleep_s = (int(args[2]), float(args[3])) if len(args) > 3 else (-1, 0.0)
     metrics = CommMetrics(every_n_steps=EVERY)
-    trainer = L.Trainer(strategy="mccl", accelerator="cpu", devices=world, max_steps=STEPS, callbacks=[metrics],
+    trainer = L.Trainer(strategy=MCCLStrategy(compress=compress), accelerator="cpu", devices=world, max_steps=STEPS,
+                        callbacks=[metrics],
                         logger=CSVLogger(os.path.join(out_dir, "csv"), name="", version=""),
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     with warnings.catch_warnings(record=True) as caught:
@@ -69,6 +79,7 @@ def main() -> None:
         "history": metrics.history,
         "windows": [[w.__dict__ for w in window] for window in metrics.report.windows],
         "warnings": [str(w.message) for w in caught if "straggler" in str(w.message)],
+        "cost_warnings": [str(w.message) for w in caught if issubclass(w.category, AccuracyCostWarning)],
         "hosts": metrics.hosts,
         "callbacks": [type(c).__name__ for c in trainer.callbacks].count("CommMetrics"),
         "summary": metrics.summary_text() if trainer.global_rank == 0 else "",

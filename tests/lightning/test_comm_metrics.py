@@ -99,6 +99,23 @@ def test_a_rank_made_slow_is_named_and_sets_the_pace(fits):
     summary = records[0]["summary"]
     assert summary.splitlines()[0].split() == ["host", "ranks", "compute/step", "wait/step", "samples/s"]
     assert f"slowest: rank 1 on {host} (" in summary and "x the median compute)" in summary
+    assert ("mccl: mode: DDP, float32 gradients: exact: the reference the other modes are measured against"
+            in summary.splitlines())
+    assert records[0]["cost_warnings"] == []
+
+
+@pytest.mark.slow
+def test_powersgd_warns_once_on_rank_0_and_the_summary_names_the_mode_and_its_cost(tmp_path):
+    records = fit(tmp_path, 2, "--compress", "powersgd")
+    warned = [r["cost_warnings"] for r in records]
+    assert len(warned[0]) == 1 and warned[1] == [], warned
+    assert warned[0][0].startswith("compress='powersgd' (rank 1) changes the arithmetic")
+    assert "-32.6 ± 3.3 points after 256 steps" in warned[0][0]
+    line = records[0]["summary"].splitlines()[-1]
+    assert line == ("mccl: mode: DDP, compress='powersgd', rank 1: measured on the project's benchmark task (a ViT "
+                    "from random weights, 8 ranks), not on your model: -32.6 ± 3.3 points after 256 steps of "
+                    "validation accuracy against float32 DDP (3 seeds; benchmarks/record/convergence.md#results)")
+    assert line in records[0]["stdout"]  # printed at the end of fit
 
 
 def test_strategy_option_adds_one_callback_to_fits_only(no_launch_env):

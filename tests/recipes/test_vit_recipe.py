@@ -164,10 +164,12 @@ def test_main_job_two_ranks_reach_stated_accuracy(tmp_path):
 # (2) checkpoint + resume equals one uninterrupted run
 
 
-# The config's checkpoint callback, also keeping every epoch's checkpoint (epoch=E-step=S.ckpt), so that the
-# uninterrupted run leaves the mid-run checkpoint an interrupted run would have.
-EVERY_EPOCH_CHECKPOINTS = ('[{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", '
-                           '"init_args": {"save_last": true, "save_top_k": -1}}]')
+def every_epoch_checkpoints(dirpath: Path) -> str:
+    """The config's checkpoint callback keeping every epoch's checkpoint (epoch=E-step=S.ckpt) in `dirpath`, so that
+    the uninterrupted run leaves the mid-run checkpoint an interrupted run would have, and each run its own
+    last.ckpt."""
+    return ('[{"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", '
+            f'"init_args": {{"dirpath": "{dirpath}", "save_last": true, "save_top_k": -1}}}}]')
 
 
 @pytest.mark.slow
@@ -178,16 +180,17 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path):
     common = ["fit", "--config", str(LOCAL), "--trainer.enable_progress_bar", "false",
               "--trainer.limit_train_batches", "4", "--trainer.limit_val_batches", "2",
               "--model.schedule_epochs", str(epochs), "--trainer.max_epochs", str(epochs),
-              "--trainer.callbacks", EVERY_EPOCH_CHECKPOINTS, "--trainer.logger.init_args.save_dir", str(tmp_path)]
-    run_example(common, RESUME_TIMEOUT_S, tmp_path)
-    checkpoints = tmp_path / "vit_local" / "version_0" / "checkpoints"
+              "--trainer.logger.init_args.save_dir", str(tmp_path)]
+    checkpoints, again = tmp_path / "uninterrupted", tmp_path / "resumed"
+    run_example(common + ["--trainer.callbacks", every_epoch_checkpoints(checkpoints)], RESUME_TIMEOUT_S, tmp_path)
     mid_path = checkpoints / f"epoch={half - 1}-step={half * 4}.ckpt"
     assert mid_path.is_file(), sorted(p.name for p in checkpoints.iterdir())
-    run_example(common + ["--ckpt_path", str(mid_path)], RESUME_TIMEOUT_S, tmp_path)
+    run_example(common + ["--trainer.callbacks", every_epoch_checkpoints(again), "--ckpt_path", str(mid_path)],
+                RESUME_TIMEOUT_S, tmp_path)
 
     reference = load_ckpt(checkpoints / "last.ckpt")
     mid = load_ckpt(mid_path)
-    resumed = load_ckpt(tmp_path / "vit_local" / "version_1" / "checkpoints" / "last.ckpt")
+    resumed = load_ckpt(again / "last.ckpt")
     # Every checkpoint here is written at an epoch's end and records that epoch's index.
     assert (mid["epoch"], resumed["epoch"], reference["epoch"]) == (half - 1, epochs - 1, epochs - 1)
     assert resumed["global_step"] == reference["global_step"] == 2 * mid["global_step"] > 0

@@ -140,3 +140,69 @@ def test_planning_from_a_profile_loads_no_torch(profile_file, tmp_path):
             f"print(rc, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split()[-2:] == ["0", "False"], out.stderr
+
+
+def _plan(tmp_path, capsys, profile, *args):
+    path = str(tmp_path / "p.json")
+    save(profile, path)
+    out = tmp_path / "out"
+    assert main(["plan", "--profile", path, "--hosts", "1,4", "--out", str(out), *args]) == 0
+    printed = capsys.readouterr()
+    with open(out / "plan.csv") as f:
+        steps = {(int(r["hosts"]), r["method"]): float(r["step_s"]) for r in csv.DictReader(f)}
+    return printed, (out / "plan.md").read_text(), steps
+
+
+def _md_row(md: str, title: str) -> list:
+    line = next(line for line in md.splitlines() if line.startswith(f"| {title} |"))
+    return [cell.strip() for cell in line.strip("|").split("|")][1:]
+
+
+def test_the_key_comes_before_the_table_and_each_method_has_its_measured_accuracy(tmp_path, capsys):
+    printed, md, steps = _plan(tmp_path, capsys, make_profile())
+    out = " ".join(printed.out.split())  # rich wraps long lines
+    for text, header in ((out, "┃ hosts"), (md, "| hosts |")):  # the key, then the table
+        assert text.index("each cell: step ms, samples/s, efficiency, speed-up over one Mac") < text.index(header)
+        assert text.index("accuracy*: final validation accuracy against float32 DDP") < text.index("reference")
+        assert "measured on the project's benchmark task (a ViT from random weights, 8 ranks), not on your " \
+               "model" in text
+        assert "benchmarks/record/convergence.md#results" in text
+    assert _md_row(md, "accuracy*") == ["reference", "-0.09 ± 0.17", "-0.07 ± 0.23", "-32.6 ± 3.3", "-12.4 ± 5.2"]
+    # time to DDP's accuracy on the largest fleet: as many steps as DDP for bf16 and int8 (their curves followed
+    # DDP's), so their step over DDP's; none for PowerSGD and DiLoCo, which the record never saw get there
+    times = _md_row(md, "time to accuracy*")
+    assert times[0] == "1.00x" and times[3:] == ["-", "-"]
+    assert times[1:3] == [f"{steps[4, m] / steps[4, 'ddp']:.2f}x" for m in ("bf16", "int8")]
+    assert "time to accuracy*: the time to reach DDP's accuracy on 4 hosts" in out
+    assert "powersgd: no time to accuracy: still -32.6 ± 3.3 points after 256 steps: the steps it needs were not " \
+           "measured" in out
+    assert "WARNING" not in out + printed.err and "per Mac" in out
+
+
+def test_the_accuracy_row_follows_the_settings_and_the_methods_asked(tmp_path, capsys):
+    _, md, _ = _plan(tmp_path, capsys, make_profile(), "--methods", "powersgd,diloco", "--diloco-wire", "float32",
+                     "--sync-every", "2")
+    assert _md_row(md, "accuracy*") == ["-32.6 ± 3.3", "-5.8 ± 2.6 (256 steps), -1.8 ± 0.1 (1024 steps), "
+                                                       "-0.99 ± 0.37 (2048 steps)"]
+    assert _md_row(md, "time to accuracy*") == ["-", "-"]  # DDP's step is planned for the ratio, not shown
+    _, md, _ = _plan(tmp_path, capsys, make_profile(), "--methods", "diloco", "--diloco-wire", "int8")
+    assert _md_row(md, "accuracy*") == ["not measured"]
+
+
+@pytest.mark.parametrize("device, name", [("cpu", "Intel Xeon"), ("cuda", "NVIDIA H200")])
+def test_a_profile_not_measured_on_a_macs_gpu_is_warned_about_and_not_called_a_mac(tmp_path, capsys, device, name):
+    from dataclasses import replace
+
+    printed, md, _ = _plan(tmp_path, capsys, replace(make_profile(), device=device, device_name=name))
+    warning = (f"the profile was measured on {name} ({device}), not on a Mac's GPU (mps): every step, samples/s, "
+               f"efficiency and speed-up below is that device's compute, not a Mac's")
+    out = " ".join(printed.out.split())  # rich wraps long lines
+    assert f"WARNING: {warning}" in out and out.index("WARNING") < out.index("┃ hosts")
+    assert f"[warning] {warning}" in " ".join(printed.err.split())
+    assert f"WARNING: {warning}" in md and md.index("WARNING") < md.index("| hosts |")
+    assert "per Mac" not in out + md and "over one Mac" not in out + md
+    assert "batch 8 per host" in out and "speed-up over one host" in out
+    # scaled to stand for a Mac: still said, with the assumption
+    printed, _, _ = _plan(tmp_path, capsys, replace(make_profile(), device=device, device_name=name),
+                          "--compute-scale", "0.5")
+    assert "its times x0.5 (--compute-scale: an assumption about a Mac)" in " ".join(printed.out.split())

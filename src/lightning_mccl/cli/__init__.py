@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "doctor", help="check the hosts, then measure latency and bandwidth between them with mccl",
         description="Check ssh, versions and the master port on every host, then measure every pair of "
-                    "hosts (ping-pong latency, one-way bandwidth) and the fleet's allreduce, over mccl.")
+                    "hosts (ping-pong latency, one-way bandwidth) and the fleet's allreduce, over mccl.",
+        epilog=doctor.epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     doctor.add_arguments(p)
     p.set_defaults(run=doctor.run, subparser=p)
     p = sub.add_parser(

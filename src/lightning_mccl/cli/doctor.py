@@ -35,6 +35,7 @@ from ..launcher import LaunchError, LaunchPlan, RankTails, supervise
 from ..launcher.doctor_bench import RESULT_MARKER
 from ..launcher.doctor_checks import (PROBE_MARKER, PROBE_TIMEOUT_S, VERSIONS, CapturedOutput, HostReport,
                                       bench_command, check_hosts, probe_command, setup_findings)
+from ..launcher import host_checks
 from ..launcher.doctor_reduction import table as reduction_table
 from ..launcher.fleet_checks import check_connections, check_speed, median_rate
 from ..launcher.host_checks import FAIL, OK, Finding
@@ -45,6 +46,22 @@ from .fleet_args import add_fleet_arguments, plan_from_args
 
 # A link slower than this fraction of the fleet's median bandwidth is marked "slow".
 SLOW_FRACTION = 0.5
+
+
+def epilog() -> str:
+    """`mccl doctor --help`'s list of the host checks, from their declaration (host_checks.CHECKS): the setup
+    checks, then those of the measurement, each by the hosts it applies to."""
+    checks = host_checks.CHECKS
+    width = max(len(c.name) for c in checks)
+    lines = []
+    for stage, title in ((host_checks.SETUP, "host setup checks, the Host setup table (docs/macs.md, step 6):"),
+                         (host_checks.MEASURED, "checks of the measurement:")):
+        lines.append(title)
+        ours = [c for c in checks if c.stage == stage]
+        for hosts in dict.fromkeys(c.hosts for c in ours):
+            lines.append(f"  {hosts}:" if hosts == host_checks.EVERY else f"  {hosts} hosts also:")
+            lines += [f"    {c.name:<{width}}  {c.about}" for c in ours if c.hosts == hosts]
+    return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -16,6 +16,7 @@ import os
 import time
 from typing import List, Optional, Sequence
 
+from ..plan.devices import MAC_DEVICE
 from ..plan.link import EXCHANGE_EFFICIENCY, HOOK_LATENCY_S, OP_LATENCY_S, STEP_LATENCY_S, Link
 from ..plan.methods import BF16, DDP, DILOCO_WIRES, METHODS, Int8, PowerSGD
 from ..plan.predict import Settings, build_methods, predict
@@ -170,21 +171,28 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     try:
         methods = build_methods(args.methods, settings)
         predictions = predict(profile, link, methods, args.hosts)
+        ddp = predict(profile, link, build_methods([DDP.name], settings), [max(args.hosts)])
     except ValueError as e:
         parser.error(str(e))
-    from ..plan import report
-    from ..plan.buckets import MIB
+    from ..plan import accuracy, report
 
     out = args.out or os.path.join("runs", "plan", f"{profile.model.replace(':', '.')}-b{profile.batch}-"
                                                    f"{time.strftime('%Y%m%d-%H%M%S')}")
-    title = f"mccl plan: {profile.model}, batch {profile.batch} per Mac, {format_rate(args.rate)} links"
-    notes = assumptions(profile, link, args, settings, methods)
-    why = report.write(out, title, notes, predictions, {
+    unit = "Mac" if profile.device == MAC_DEVICE else "host"
+    title = f"mccl plan: {profile.model}, batch {profile.batch} per {unit}, {format_rate(args.rate)} links"
+    notes = assumptions(profile, link, args, settings, methods, unit)
+    hosts, steps = accuracy.largest_fleet(predictions, ddp)
+    more, why_not = accuracy.rows(args.methods, settings, hosts, steps)
+    warning = device_warning(profile)
+    key = ([f"WARNING: {warning}"] if warning else []) + [report.cell_key(unit), accuracy.KEY, accuracy.time_key(hosts)]
+    why = report.write(out, title, key, notes + why_not, predictions, more, {
         "model": profile.model, "batch": profile.batch, "device": profile.device, "device_name": profile.device_name,
         "share_device": profile.share_device, "compute_scale": profile.compute_scale, "rate_bps": args.rate,
-        "goodput_Bps": link.goodput_Bps})
+        "goodput_Bps": link.goodput_Bps}, unit)
     save(profile, os.path.join(out, "profile.json"))
-    print_table(title, report.table(predictions), notes)
+    print_table(title, report.table(predictions, more), why_not + notes, key)
+    if warning:
+        log(f"[warning] {warning}")
     if why:
         log(why)
     log(f"wrote {out}/plan.csv, plan.md{'' if why else ', plan.png'}, profile.json")
@@ -215,9 +223,20 @@ def _measure(args, parser, log):
     return profile
 
 
-def assumptions(profile, link, args, settings, methods) -> List[str]:
+def device_warning(profile) -> Optional[str]:
+    """Why the plan's compute times are not a Mac's, when the profile was not measured on a Mac's GPU."""
+    if profile.device == MAC_DEVICE:
+        return None
+    scaled = (f", its times x{profile.compute_scale:g} (--compute-scale: an assumption about a Mac)"
+              if profile.compute_scale != 1.0 else "")
+    return (f"the profile was measured on {profile.device_name} ({profile.device}){scaled}, not on a Mac's GPU "
+            f"(mps): every step, samples/s, efficiency and speed-up below is that device's compute, not a Mac's. "
+            f"On a Mac: mccl plan --model ... --batch ... --device mps --save-profile mac.json, then plan from "
+            f"--profile mac.json anywhere.")
+
+
+def assumptions(profile, link, args, settings, methods, unit: str) -> List[str]:
     """What the prediction rests on, one line each, for the table's notes and plan.md."""
-    from ..plan import report
     from ..plan.buckets import MIB
 
     params = sum(p.numel for p in profile.params)
@@ -250,7 +269,6 @@ def assumptions(profile, link, args, settings, methods) -> List[str]:
             lines.append(f"diloco: H = {settings.sync_every} inner steps per outer sync, the pseudo-gradient as "
                          f"{settings.diloco_wire} in one allreduce, overlapping the next {settings.sync_delay} "
                          f"step(s) before the outer step applies it; the step is a round's average")
-    lines.append("one host: one Mac training alone; efficiency = its step / this step; speed-up = hosts x "
+    lines.append(f"one host: one {unit} training alone; efficiency = its step / this step; speed-up = hosts x "
                  "efficiency")
-    lines.append(report.CELL)
     return lines

@@ -1,4 +1,5 @@
-"""`mccl launch`'s end-of-job summary: the straggler table and communication line of the fit.
+"""`mccl launch`'s end-of-job summary: the straggler table, the communication line and the mode line (the
+communication mode and its measured accuracy cost) of the fit.
 
 Every rank is started with $MCCL_SUMMARY_MARKER set; at the end of a fit, `CommMetrics` on rank 0 prints
 its summary record as one line, the marker and then JSON. `SummaryTap` sits between the ranks and the

@@ -10,7 +10,8 @@
   `torch.cuda.stream(torch.cuda.Stream())`, which fails on a Mac without CUDA.
 - `set_world_ranks`: with $MCCL_HOSTFILE set and only Lightning's fallback `LightningEnvironment` chosen,
   uses `MacFleetEnvironment` (the hostfile's fleet) instead.
-- `setup`: the `CommMetrics` callback (comm_metrics.py) joins a fit.
+- `setup`: the `CommMetrics` callback (comm_metrics.py) joins a fit, which names the strategy's `comm_mode()` and
+  its measured accuracy cost at the end; first, every rank checks that all resumed from the same checkpoint.
 
 `runs_on_mps` lets instances past the MPS check of Lightning's connector (mps_gate.py); the registered names
 avoid "ddp", so they pass it as they are. The Lightning internals used are checked when a strategy is made
@@ -27,10 +28,12 @@ from lightning.pytorch.strategies import DDPStrategy
 from typing_extensions import override
 
 from .. import wire_policy
+from ..accuracy_costs import Mode
 from ..options import Options
 from ..wire_policy import WIRE_ENV, Resolution
 from . import comm_metrics, internals
 from .group import BACKEND, check_devices_per_node, fleet_environment, group_timeout, init_default_group
+from .resume import check_same_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,10 @@ class MCCLBase(DDPStrategy):
                          **kwargs)
         self.compress = compress
         self.wire: Optional[Resolution] = None  # compress resolved, at setup
+
+    def comm_mode(self) -> Mode:
+        """How this strategy trains, for the end-of-fit summary's line on its accuracy cost (accuracy_costs.py)."""
+        raise NotImplementedError
 
     def _uses_mccl(self) -> bool:
         return self._get_process_group_backend() == BACKEND
@@ -99,6 +106,7 @@ class MCCLBase(DDPStrategy):
 
     @override
     def setup(self, trainer: Any) -> None:
+        check_same_checkpoint(type(self).__name__, trainer.ckpt_path)
         comm_metrics.attach(trainer, self.comm_metrics)
         super().setup(trainer)
 

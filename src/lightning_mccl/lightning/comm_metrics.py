@@ -25,7 +25,8 @@ no collective of their own), and the exposed time is the time the loop waited fo
 allreduce runs across the steps that follow it, so its span is not the step's tail.
 
 At the end of fit rank 0 prints the per-host table (straggler.py) and one line: the communication share
-of the step time, the exposed share, goodput and bytes per step.
+of the step time, the exposed share, goodput and bytes per step; then the strategy's communication mode
+(`compress`, DDP or DiLoCo, H) and what it cost in accuracy on the project's benchmark task (accuracy_costs.py).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import json
 import os
 import socket
 import time
+from dataclasses import asdict
 from typing import Any, Dict, List, Optional, Union
 
 import torch
@@ -71,12 +73,15 @@ class CommMetrics(Callback):
         self.hosts: List[str] = []
         self._backend = None
         self._overlapped = False  # the outer group of sync="diloco"
+        self._mode: Optional[dict] = None  # the strategy's comm_mode(), for the summary
 
     # -- hooks -------------------------------------------------------------------------------------------
 
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         outer = getattr(trainer.strategy, "outer_group", None)  # sync="diloco"
         self._backend, self._overlapped = mccl_backend(outer), outer is not None
+        comm_mode = getattr(trainer.strategy, "comm_mode", None)  # the mccl strategies'
+        self._mode = asdict(comm_mode()) if callable(comm_mode) else None
         if self._backend is None:
             return  # not on mccl (e.g. process_group_backend="gloo"): nothing to count
         self._n = self.every_n_steps or max(1, trainer.log_every_n_steps)
@@ -182,7 +187,7 @@ class CommMetrics(Callback):
     def summary_record(self) -> dict:
         return {"metrics": self.totals(), "hosts": self.report.host_table(), "slowest": self.report.slowest_rank(),
                 "proposal": self.report.proposal(),
-                "world_size": len(self.hosts)}
+                "world_size": len(self.hosts), "mode": self._mode}
 
     def summary_text(self) -> str:
         return summary_text(self.summary_record())

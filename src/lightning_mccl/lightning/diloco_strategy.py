@@ -26,6 +26,7 @@ import lightning.pytorch as pl
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.pytorch.plugins.precision import Precision
 
+from ..accuracy_costs import DILOCO, Mode
 from ..diloco.outer import DiLoCo, OuterOptimizer
 from ..diloco.settings import (FRAGMENTS, MAX_SYNC_EVERY, OUTER_LR, OUTER_MOMENTUM, QSR_ALPHA, SYNC_DELAY,
                                SYNC_EVERY, WARM_START, check_schedule, check_settings)
@@ -110,6 +111,12 @@ class MCCLDiLoCoStrategy(MCCLBase):
     def outer_group(self) -> Optional[Any]:
         """During a fit: the process group of its outer allreduce (for `lightning_mccl.stats(group)`); else None."""
         return self._outer.group if self._outer is not None else None
+
+    @override
+    def comm_mode(self) -> Mode:
+        plain = self.outer_optimizer is None and (self.outer_lr, self.outer_momentum) == (OUTER_LR, OUTER_MOMENTUM)
+        return Mode(DILOCO, self.compress, sync_every=self.sync_every, sync_delay=self.sync_delay,
+                    plain_averaging=plain)
 
     @override
     def configure_ddp(self) -> None:

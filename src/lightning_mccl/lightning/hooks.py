@@ -4,7 +4,8 @@ alone decides what each value does; this module only turns its answer into torch
     check(...)   at the strategy's construction: a bad `compress`, options that do not apply, or a clash with the
                  strategy's own hook arguments is a ValueError naming the argument, before any fit starts
     build(...)   at setup, once the device is known: the hook, wrapper and state DDP registers, and a check of the
-                 module's parameters (the 8-bit allreduce takes floating-point gradients only)
+                 module's parameters (the 8-bit allreduce takes floating-point gradients only); for PowerSGD, a
+                 warning on rank 0 that it changes the arithmetic, with what it cost on the benchmark task
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional
 
 from .. import wire_policy
+from ..accuracy_costs import AccuracyCostWarning, powersgd_warning
 from ..wire_policy import CAST, EIGHT_BIT, LOW_RANK, Resolution
 
 
@@ -67,6 +69,9 @@ def build(owner: str, resolution: Resolution, options: Dict[str, Any], hook: Opt
             return Hook(compress_hook, wrapper, state)
         return Hook(hook, compress_wrapper, state)
     if resolution.hook == LOW_RANK:
+        from lightning.fabric.utilities.rank_zero import rank_zero_warn
+
+        rank_zero_warn(powersgd_warning(options["matrix_approximation_rank"]), category=AccuracyCostWarning)
         return Hook(powerSGD_hook.powerSGD_hook, wrapper, powerSGD_hook.PowerSGDState(process_group=None, **options))
     if resolution.hook == EIGHT_BIT:
         from .. import int8

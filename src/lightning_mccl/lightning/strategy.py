@@ -28,8 +28,9 @@ import lightning.pytorch as pl
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.pytorch.plugins.precision import Precision
 
+from ..accuracy_costs import DDP, Mode
 from ..options import Options
-from ..wire_policy import Compress
+from ..wire_policy import POWERSGD, Compress
 from . import hooks
 from .base import MCCLBase
 from .comm_metrics import CommMetrics
@@ -118,6 +119,11 @@ class MCCLStrategy(MCCLBase):
         )
         self._given_hook = (ddp_comm_hook, ddp_comm_wrapper, ddp_comm_state)  # the user's, which compress may wrap
         self._hook: Optional[hooks.Hook] = None  # built at setup from the resolution
+
+    @override
+    def comm_mode(self) -> Mode:
+        rank = self.compress_options.get("matrix_approximation_rank") if self.compress == POWERSGD else None
+        return Mode(DDP, self.compress, powersgd_rank=rank)
 
     @override
     def resolve_wire(self) -> None:

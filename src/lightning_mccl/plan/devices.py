@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 DEVICES = ("cpu", "cuda", "mps")
+MAC_DEVICE = "mps"  # what a Mac of the fleet trains on: a profile measured elsewhere is another device's compute
 
 
 class DeviceError(RuntimeError):
