@@ -1,7 +1,7 @@
 // Every MCCL_* variable, declared once: its name, its default, its parser and a line of documentation are
 // one row of the table in config.cc (`variables()`). A process group reads its variables when its
 // communicator is made: from the settings it was given (backend options), else the environment
-// (docs/settings.md). tests/unit/test_settings_docs.py checks docs/settings.md's and the README's tables
+// (docs/settings.md). tests/docs/test_settings_docs.py checks docs/settings.md's and the README's tables
 // against the table.
 #pragma once
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Literal, Optional
 
-# The values of `compress`: these literals live here only (tests/unit/test_wire_policy.py checks src/).
+# The values of `compress`: these literals live here only (tests/lightning/test_wire_policy.py checks src/).
 BF16, FP16, BF16_HOOK, FP16_HOOK, POWERSGD, INT8 = "bf16", "fp16", "bf16_hook", "fp16_hook", "powersgd", "int8"
 FLOAT32 = "float32"  # how the row without compression is named in messages and as DiLoCo's wire in `mccl plan`
 DDP = "ddp"  # the method `mccl plan` calls DDP without compression

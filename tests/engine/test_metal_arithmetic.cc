@@ -5,7 +5,7 @@
 // 2^120, zeros, denormals, NaN, Inf, the largest floats: the cases of tests/torch/test_int8_codec.py, which checks
 // the same arithmetic against the device codec); decode-and-add; and DiLoCo's outer step against its formula.
 // Runs in `make test` (plain and ASan+UBSan), under qemu for arm64 (`make test-arm64`), and is linked for macOS
-// (`make check-macos`). What Metal itself computes is checked on a Mac only (tests/macos/test_metal_kernels.py).
+// (`make check-macos`). What Metal itself computes is checked on a Mac only (tests/torch/test_metal_kernels.py).
 #include <cmath>
 #include <cstdint>
 #include <cstring>

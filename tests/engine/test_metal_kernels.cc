@@ -4,7 +4,7 @@
 // added) against the engine's codec, bit for bit, on the cases of test_metal_arithmetic (also a short last block,
 // with and without error feedback); pseudo_gradient and outer_step against the arithmetic they call. This checks
 // the kernels' indexing, their sharing of a block among 32 threads and the scale's bytes; not Metal itself (its
-// compiler, a GPU's floats): tests/macos/test_metal_kernels.py does that on a Mac.
+// compiler, a GPU's floats): tests/torch/test_metal_kernels.py does that on a Mac.
 #include <cstdint>
 #include <cstring>
 #include <memory>

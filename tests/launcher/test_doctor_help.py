@@ -1,10 +1,11 @@
-"""`mccl doctor --help` lists the host setup checks from their declaration (host_checks.CHECKS): every check,
-grouped by the hosts it runs on, and a check added to the declaration appears in the help without touching it."""
+"""`mccl doctor --help` lists the host checks from their declaration (host_checks.CHECKS): every check, the setup
+checks first, then the measurement's, each grouped by the hosts it runs on, and a check added to the declaration
+appears in the help, and runs, without touching either."""
 from __future__ import annotations
 
 from lightning_mccl.cli import main
 from lightning_mccl.launcher import host_checks
-from lightning_mccl.launcher.host_checks import CHECKS, EVERY_HOST, MACOS, HostCheck
+from lightning_mccl.launcher.host_checks import CHECKS, EVERY, MACOS, MEASURED, SETUP, Check
 
 
 def _help(capsys) -> list:
@@ -13,21 +14,24 @@ def _help(capsys) -> list:
     return out[out.index("host setup checks"):].splitlines()
 
 
-def test_the_help_lists_every_host_check_under_the_hosts_it_runs_on(capsys):
+def test_the_help_lists_every_host_check_under_its_stage_and_hosts(capsys):
     lines = _help(capsys)
-    at = [next(i for i, line in enumerate(lines) if line.startswith(f"    {c.name} ") and line.endswith(c.what))
+    at = [next(i for i, line in enumerate(lines) if line.startswith(f"    {c.name} ") and line.endswith(c.about))
           for c in CHECKS]
-    assert at == sorted(at) and len([line for line in lines if line.startswith("    ")]) == len(CHECKS)
-    assert lines[1] == f"  {EVERY_HOST}:"
+    assert len([line for line in lines if line.startswith("    ")]) == len(CHECKS)
+    measured = lines.index("checks of the measurement:")
+    assert all((i > measured) == (c.stage == MEASURED) for i, c in zip(at, CHECKS))
+    setup = [(i, c) for i, c in zip(at, CHECKS) if c.stage == SETUP]
+    assert lines[1] == f"  {EVERY}:"
     macos = lines.index(f"  {MACOS} hosts also:")
-    assert all((i > macos) == (c.hosts == MACOS) for i, c in zip(at, CHECKS))
-    assert {"addr", "interface", "firewall", "sleep"} <= {c.name for c in CHECKS}  # docs/macs.md, step 6
+    assert all((i > macos) == (c.hosts == MACOS) for i, c in setup)
+    assert {"addr", "interface", "firewall", "sleep", "display", "power"} <= {c.name for c in CHECKS}  # macs.md
 
 
 def test_a_check_added_to_the_declaration_is_in_the_help_and_runs(capsys, monkeypatch):
-    display = HostCheck("display", MACOS, "whether the display sleeps", lambda host, probe, addr: host_checks.Finding(
-        host, "display", host_checks.OK, "checked"))
-    monkeypatch.setattr(host_checks, "CHECKS", CHECKS + (display,))
-    assert "    display    whether the display sleeps" in _help(capsys)
-    assert [f.check for f in host_checks.judge("mac", {"system": "Darwin"})][-1] == "display"
-    assert "display" not in [f.check for f in host_checks.judge("linux", {"system": "Linux"})]
+    clock = Check("clock", MACOS, SETUP, "whether the clock is set", lambda host, probe: host_checks.Finding(
+        host, "clock", host_checks.OK, "checked"))
+    monkeypatch.setattr(host_checks, "CHECKS", CHECKS + (clock,))
+    assert any(line.startswith("    clock ") and line.endswith("whether the clock is set") for line in _help(capsys))
+    assert [f.check for f in host_checks.judge("mac", {"system": "Darwin"})][-1] == "clock"
+    assert "clock" not in [f.check for f in host_checks.judge("linux", {"system": "Linux"})]

@@ -1,6 +1,6 @@
 """In place or staged (csrc/torch/host_memory.hpp), and staging's reused host buffers (host_buffers.hpp):
 the parts that run without an accelerator. The device queries themselves run on CUDA
-(test_cuda_in_place.py) and on a Mac (tests/macos/test_mps_memory.py).
+(test_cuda_in_place.py) and on a Mac (tests/torch/test_mps_memory.py).
 
 Meta tensors stand in for accelerator tensors: the checks before the device query (empty, not contiguous,
 MCCL_DEVICE_IN_PLACE) answer for them as for any device. One rank: staging is the same at any size.
@@ -23,7 +23,7 @@ def paths_and_buffers(rank, world):
     meta = torch.empty(4, 4, device="meta")
     res["meta_empty"] = list(_C.device_memory_path(torch.empty(0, device="meta")))
     res["meta_strided"] = list(_C.device_memory_path(meta.t()))
-    # MCCL_DEVICE_IN_PLACE is read once, at the first query that gets that far (tests/unit/
+    # MCCL_DEVICE_IN_PLACE is read once, at the first query that gets that far (tests/launcher/
     # test_doctor_reduction.py sees the default: "no CPU mapping is known for meta memory")
     os.environ["MCCL_DEVICE_IN_PLACE"] = "sometimes"
     try:

@@ -1,5 +1,5 @@
 """lightning_mccl.metal's Python side, with a stand-in for torch.mps.compile_shader (metal_standin.py: the kernels'
-arithmetic compiled as C++, run on CPU tensors; no Metal runs here, tests/macos/test_metal_kernels.py is for a
+arithmetic compiled as C++, run on CPU tensors; no Metal runs here, tests/torch/test_metal_kernels.py is for a
 Mac): the choice each group makes when it is made, the same on every rank (all use the kernels, or none does);
 the fallback's one line naming the rank and its reason (MCCL_METAL=off, a self-test that finds a kernel
 miscomputing, no MPS device); the 8-bit allreduce through the encoded path (ProcessGroupMCCL.
