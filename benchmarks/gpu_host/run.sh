@@ -65,12 +65,15 @@ L(){ local t=$(( $1 * ${LIMIT_SCALE:-1} ))
   if [ -n "${BUDGET:-}" ]; then local left=$((BUDGET - SECONDS)); [ $left -lt $t ] && t=$left; fi
   [ $t -lt 1 ] && t=1; echo $t; }
 T(){ local t=$(L $1); echo $((t > 10 ? t - 5 : t)); }
-py(){ local cap=$1; shift; timeout $(L $cap) python3 "$@"; }
+py(){ local cap=$1; shift; timeout -k 30 $(L $cap) python3 "$@"; }
 tests(){ local name=$1 cap=$2; shift 2
   timeout $(L $cap) python3 -m pytest -v -p no:cacheprovider "$@" > "$OUT/$name.log" 2>&1 || { local r=$?; [ $rc = 0 ] && rc=$r; }
   tail -25 "$OUT/$name.log"; }
-build(){  # DIR LOG: the extension of the tree at DIR, against this machine's torch
-  ( cd "$1" && CC=${CC:-/usr/bin/gcc} CXX=${CXX:-/usr/bin/g++} MAX_JOBS=${MAX_JOBS:-$(nproc)} timeout $(L 300) \
+# build DIR LOG: the extension of the tree at DIR, against this machine's torch, with the system's compiler
+# (BUILD_CC, BUILD_CXX), not the host's CC and CXX: the project's host sets them to a newer g++ in /opt/gcc, whose
+# build of the extension segfaults in ProcessGroupMCCL's constructor under torch's libstdc++.
+build(){
+  ( cd "$1" && CC=${BUILD_CC:-/usr/bin/gcc} CXX=${BUILD_CXX:-/usr/bin/g++} MAX_JOBS=${MAX_JOBS:-$(nproc)} timeout $(L 300) \
     python3 setup.py -q build_ext --inplace > "$2" 2>&1 ) || { tail -30 "$2"; exit 1; }; }
 left(){ [ -n "${BUDGET:-}" ] && echo "$((BUDGET - SECONDS)) s left" || echo "$SECONDS s in"; }
 

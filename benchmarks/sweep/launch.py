@@ -52,7 +52,9 @@ class Placement:
         return f"{self.nproc} ranks on an emulated {self.fleet.describe()}" + (f", {per} per host" if per > 1 else "")
 
     def run(self, command: Sequence[str], *, env: Dict[str, str], timeout: float) -> None:
-        """Runs `command` as every rank; LaunchFailed naming the failing rank if any fails or time runs out."""
+        """Runs `command` as every rank; LaunchFailed naming the failing rank if any fails or time runs out;
+        SystemExit(128 + N) once the ranks are stopped when this process got signal N (SIGINT, SIGTERM), so that
+        a script of several launches ends instead of starting the next."""
         env = {"GLOO_SOCKET_IFNAME": self.ifname, **env}
         if self.fleet is None:
             plan = local_plan(self.nproc, command, env=env, grace=5.0)
@@ -64,6 +66,8 @@ class Placement:
         log = self.log or (lambda m: sys.stderr.write(m + "\n"))
         outcome = supervise(plan, log=log, output=PrefixedOutput(specs, stream=sys.stderr), fail_fast=True,
                             timeout=timeout)
+        if outcome.signal is not None:  # this benchmark was told to stop (Ctrl-C, a budget's timeout): no more launches
+            raise SystemExit(128 + outcome.signal)
         if outcome.returncode != 0:
             who = f"rank {outcome.failed.spec.rank} exited with code {outcome.failed.returncode}" \
                 if outcome.failed is not None else f"{outcome.reason}, exit code {outcome.returncode}"
