@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 HERE = Path(__file__).resolve().parent
 RANK_PROGRAM = HERE / "elastic_rank.py"
@@ -43,8 +43,8 @@ class Job:
             self.procs[name] = subprocess.Popen([sys.executable, str(RANK_PROGRAM)], env={**self.env, **env},
                                                 stdout=log, stderr=subprocess.STDOUT)
 
-    def join(self, name: str = "joiner") -> None:
-        self._start(name, {"ELASTIC_JOIN": "1"})
+    def join(self, name: str = "joiner", env: Optional[Dict[str, str]] = None) -> None:
+        self._start(name, {"ELASTIC_JOIN": "1", **(env or {})})
 
     def await_file(self, name: str, timeout: float) -> float:
         """Until <out>/<name> exists (a member wrote it); fails if a member exits with an error first."""

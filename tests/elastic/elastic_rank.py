@@ -12,7 +12,12 @@ variables:
 - ELASTIC_STEP_SLEEP: seconds every step sleeps (a slower job);
 - ELASTIC_ENGINE_HEARTBEAT_S: the elastic group's engine heartbeat timeout (default 10 s);
 - ELASTIC_AWAIT_JOIN_AT: at that step, every launched member writes <out>/awaiting-join and waits until the
-  joiner j1 has posted at the step's boundary (so it is admitted there, and trains from the next step on).
+  joiner j1 has posted at the step's boundary (so it is admitted there, and trains from the next step on);
+- ELASTIC_HOLD_AT: at that step, every launched member writes <out>/holding and waits (before any collective)
+  until <out>/go exists;
+- ELASTIC_MODEL_INPUTS: the model's input width (default the data's, 6): another width is another model, and a
+  joiner with it is refused; ELASTIC_LR: the learning rate, part of the config every member passes (another is
+  another config, refused too).
 
 SIGUSR1 dumps every thread's Python stack to the output (the launcher's report of a member that hangs).
 """
@@ -61,11 +66,13 @@ def main() -> int:
     pause_at = int(os.environ.get("ELASTIC_PAUSE_AT", "-1"))
     await_join_at = int(os.environ.get("ELASTIC_AWAIT_JOIN_AT", "-1"))
     step_sleep = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
+    hold_at = int(os.environ.get("ELASTIC_HOLD_AT", "-1"))
+    lr = float(os.environ.get("ELASTIC_LR", str(LR)))
     x, y = dataset()
     inputs, targets = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)
     torch.manual_seed(int(os.environ.get("RANK", "99")))  # different on every member: host 0's state wins
-    model = torch.nn.Linear(FEATURES, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    model = torch.nn.Linear(int(os.environ.get("ELASTIC_MODEL_INPUTS", str(FEATURES))), 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=MOMENTUM)
 
     def load(state):
         model.load_state_dict(state["model"])
@@ -74,7 +81,8 @@ def main() -> int:
     manager = ElasticManager.from_env(
         ElasticSampler(NUM_SAMPLES, GLOBAL_BATCH, seed=SAMPLER_SEED),
         state_dict=lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
-        load_state_dict=load, join=os.environ.get("ELASTIC_JOIN") == "1", settings=SETTINGS)
+        load_state_dict=load, join=os.environ.get("ELASTIC_JOIN") == "1", settings=SETTINGS,
+        config={"lr": lr, "momentum": MOMENTUM, "global_batch": GLOBAL_BATCH, "sampler_seed": SAMPLER_SEED})
     record = {"commits": [], "ledgers": {}, "boundaries": [], "first_step": None, "initial": None}
     ddp = None
     while manager.epoch < EPOCHS:
@@ -93,6 +101,10 @@ def main() -> int:
             record["awaited"] = True  # until j1 posted at this step's boundary (once: the step may be redone)
             (out / "awaiting-join").write_text(str(time.time()))
             _wait_until(lambda: manager.board.has([f"round/{manager.membership.round}/post/j1"]))
+        if manager.me.startswith("m") and step.index == hold_at and "held" not in record:
+            record["held"] = True
+            (out / "holding").write_text(str(time.time()))
+            _wait_until(lambda: (out / "go").exists())
         time.sleep(step_sleep)
         ids = torch.as_tensor(step.ids)
         loss = ((ddp(inputs[ids]).squeeze(1) - targets[ids]) ** 2).sum() / max(len(ids), 1)

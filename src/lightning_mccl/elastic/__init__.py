@@ -4,6 +4,7 @@
 - membership.py: who is in at each step boundary, decided once in host 0's Store and read by all;
 - `ElasticProcessGroup` (process_group.py): the group DDP holds, re-formed in place;
 - `ElasticManager` (manager.py): the loop's start_step / should_commit, the vote, the state sent to joiners;
+- fingerprint.py: what a joiner must share with the job (versions, model, config), or it is refused;
 - `elastic_ddp` (ddp.py): torch's DDP over the elastic group.
 
 ``import lightning_mccl`` does not import this package (it loads torch).
@@ -11,13 +12,13 @@
 from __future__ import annotations
 
 from .ddp import elastic_ddp
-from .errors import (HOST_ZERO_MUST_STAY, Diverged, ElasticError, HostZeroLost, Reconfiguring, Removed,
-                     TooFewMembers)
+from .errors import (HOST_ZERO_MUST_STAY, Diverged, ElasticError, HostZeroLost, JoinRefused, Reconfiguring,
+                     Removed, TooFewMembers)
 from .manager import ElasticManager, Step
 from .process_group import ElasticProcessGroup
 from .sampler import Deal, ElasticSampler
 from .settings import ElasticSettings
 
 __all__ = ["ElasticSampler", "Deal", "ElasticSettings", "ElasticManager", "Step", "ElasticProcessGroup", "elastic_ddp",
-           "ElasticError", "HostZeroLost", "Removed", "TooFewMembers", "Diverged", "Reconfiguring",
+           "ElasticError", "HostZeroLost", "Removed", "TooFewMembers", "Diverged", "JoinRefused", "Reconfiguring",
            "HOST_ZERO_MUST_STAY"]

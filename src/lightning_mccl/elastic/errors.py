@@ -35,6 +35,11 @@ class Diverged(ElasticError):
     """Members that should hold the same training state do not (the step boundary compares their digests)."""
 
 
+class JoinRefused(ElasticError):
+    """A joiner differs from the running job (package or torch version, model, config: fingerprint.py) and was
+    refused before it registered; the message names the first differences."""
+
+
 class Reconfiguring(dist.DistBackendError):
     """A collective was called on the elastic process group while it re-forms: it fails at once, and the step
     it belongs to is dropped on every member."""
@@ -46,5 +51,5 @@ def store_failure(member: str, address: str, error: BaseException) -> HostZeroLo
     return HostZeroLost(member, address, first)
 
 
-__all__ = ["ElasticError", "HostZeroLost", "Removed", "TooFewMembers", "Diverged", "Reconfiguring",
+__all__ = ["ElasticError", "HostZeroLost", "Removed", "TooFewMembers", "Diverged", "JoinRefused", "Reconfiguring",
            "HOST_ZERO_MUST_STAY", "store_failure"]

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from ..rendezvous import rendezvous
-from . import state_transfer
+from . import fingerprint, state_transfer
 from .board import Board, Pauses
 from .errors import Diverged, ElasticError, Removed, TooFewMembers
 from .liveness import Heartbeat, Stillness
@@ -77,12 +77,14 @@ class ElasticManager:
 
     `state_dict()` / `load_state_dict(state)`: the user's training state (model and optimizer), sent to the
     members that lack it. `members`: the initial quorum (a joiner passes none). `connect()`: a new client of
-    the job's Store (for the heartbeat thread)."""
+    the job's Store (for the heartbeat thread). `config`: the run's settings, a string or anything JSON-able,
+    which a joiner must share with the job (fingerprint.py: so must the versions and the model's tensors), or it
+    is refused with `JoinRefused`."""
 
     def __init__(self, store: dist.Store, *, member: str, members: Sequence[str], sampler: ElasticSampler,
                  state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None],
                  connect: Callable[[], dist.Store], address: str, settings: Optional[ElasticSettings] = None,
-                 leave_on_sigterm: bool = True, say: Optional[Callable[[str], None]] = None):
+                 leave_on_sigterm: bool = True, say: Optional[Callable[[str], None]] = None, config: Any = None):
         self.settings = settings or ElasticSettings()
         self.sampler = sampler
         self._state_dict = state_dict
@@ -90,8 +92,11 @@ class ElasticManager:
         self._say = say or (lambda line: print(f"mccl elastic: {line}", file=sys.stderr, flush=True))
         self.board = Board(store, member or "(a joiner)", address)
         if not members:
-            member = self.board.member = Membership.register_joiner(
-                self.board, {"host": socket.gethostname(), "pid": os.getpid()})
+            info = {"host": socket.gethostname(), "pid": os.getpid()}
+            fingerprint.admit(self.board, fingerprint.of(state_dict, config), info, self.settings.timeout)
+            member = self.board.member = Membership.register_joiner(self.board, info)
+        elif member == STORE_HOST:
+            fingerprint.publish(self.board, fingerprint.of(state_dict, config))
         self.me = member
         self.membership = Membership(self.board, member, self.settings, members, STORE_HOST, self._say)
         self.pg = ElasticProcessGroup(store, timeout=self.settings.group_timeout,
@@ -120,7 +125,8 @@ class ElasticManager:
     def from_env(cls, sampler: ElasticSampler, state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None],
                  *, join: bool = False, settings: Optional[ElasticSettings] = None, **kwargs) -> "ElasticManager":
         """A member started by a launcher (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE: every initial member
-        waits at the rendezvous for all of them), or with `join=True` a process joining a running job."""
+        waits at the rendezvous for all of them), or with `join=True` a process joining a running job. `kwargs`
+        go to the constructor (`config`, `say`, `leave_on_sigterm`)."""
         settings = settings or ElasticSettings()
         addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         timeout = settings.group_timeout
@@ -132,8 +138,12 @@ class ElasticManager:
             try:
                 store = connect()
             except dist.DistError as e:
-                raise ElasticError(f"mccl elastic: this joiner cannot reach the job's Store on host 0 at "
-                                   f"{addr}:{port}: {str(e).splitlines()[0]}") from None
+                raise ElasticError(
+                    f"mccl elastic: this joiner cannot reach the job's Store on host 0 at {addr}:{port} "
+                    f"(MASTER_ADDR:MASTER_PORT) within {settings.timeout:g} s (the elastic timeout): "
+                    f"{str(e).splitlines()[0].rstrip('.')}. Is the job running, with its host 0 at that address and "
+                    f"port? Or does a firewall on host 0 block the port (macOS: System Settings > Network > "
+                    f"Firewall)?") from None
             return cls(store, member="", members=(), sampler=sampler, state_dict=state_dict,
                        load_state_dict=load_state_dict, connect=connect, address=f"{addr}:{port}", settings=settings,
                        **kwargs)

@@ -26,6 +26,9 @@ Joiners register in the join log (``join/<k>``, id ``j<k>``) and post at the rou
 one (``next``); one that posted in time is admitted, one that did not tries the next round. Requests to leave
 come from the member itself (SIGTERM, `request_leave`) or from the leave log (``leave/<k>``, by `mccl leave`).
 Host 0 serves the Store and is never let go: its requests to leave are refused.
+
+A joiner whose fingerprint differs from the job's is refused before it registers (fingerprint.py); host 0's
+member says so at its next boundary, from the ``refused`` log.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .board import Board, Pauses
 from .errors import ElasticError, Removed
+from .fingerprint import REFUSED_LOG
 from .liveness import Stillness
 from .settings import ElasticSettings
 
@@ -98,6 +102,7 @@ class Membership:
         self._say = say
         self._stillness = Stillness(board)
         self._joins_seen = 0
+        self._refusals_seen = 0
         self._leaves_seen = 0
         self._joiners: List[str] = []
         self._asked_to_leave: Dict[str, str] = {}
@@ -109,6 +114,12 @@ class Membership:
         """Enter the join log; returns the joiner's member id."""
         return f"j{board.append('join', info)}"
 
+    def _report_refusals(self) -> None:
+        """Host 0: one line per joiner refused since its last boundary (fingerprint.py writes the log)."""
+        refused, self._refusals_seen = self.board.read_log(REFUSED_LOG, self._refusals_seen)
+        for _, entry in refused:
+            self._say(f"a joiner on {entry['host']} (pid {entry['pid']}) was refused: {entry['why']}")
+
     def catch_up(self) -> None:
         """A joiner: post next at the round after the latest decided one."""
         self.round = max(self.round, self.board.add("next", 0))
@@ -118,6 +129,8 @@ class Membership:
     def boundary(self, post: Post) -> Decision:
         """Post, then return the decision of this round (this member's or another's)."""
         n = self.round
+        if self.me == self.store_host:
+            self._report_refusals()
         self.board.set(_post_key(n, self.me), asdict(post))
         if self.me in self.members and self.board.add(f"round/{n}/count", 1) == len(self.members):
             self._decide(n, {})
