@@ -10,8 +10,9 @@ variables:
   <out>/paused and waits in the middle of its step (before its backward) until <out>/go exists or it was
   asked to leave; the others wait in the step's allreduce meanwhile;
 - ELASTIC_STEP_SLEEP: seconds every step sleeps (a slower job);
-- ELASTIC_SAMPLE_S, ELASTIC_SLOW_MEMBER: every member's step sleeps ELASTIC_SAMPLE_S per sample it was dealt
-  (its compute), that member's twice as long: a Mac at half the others' speed;
+- ELASTIC_SAMPLE_S, ELASTIC_SLOW_MEMBER, ELASTIC_SLOW_FROM: every member's step sleeps ELASTIC_SAMPLE_S per
+  sample it was dealt (its compute), that member's twice as long from that step on (default 0): a Mac that drops
+  to half the others' speed;
 - ELASTIC_PACE=0: equal shares (ElasticSettings.pace=False);
 - ELASTIC_GLOBAL_BATCH, ELASTIC_EPOCHS: other than GLOBAL_BATCH and EPOCHS;
 - ELASTIC_ENGINE_HEARTBEAT_S: the elastic group's engine heartbeat timeout (default 10 s);
@@ -68,6 +69,7 @@ def main() -> int:
     step_sleep = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
     sample_s = float(os.environ.get("ELASTIC_SAMPLE_S", "0"))
     slow_member = os.environ.get("ELASTIC_SLOW_MEMBER", "")
+    slow_from = int(os.environ.get("ELASTIC_SLOW_FROM", "0"))
     global_batch = int(os.environ.get("ELASTIC_GLOBAL_BATCH", str(GLOBAL_BATCH)))
     epochs = int(os.environ.get("ELASTIC_EPOCHS", str(EPOCHS)))
     x, y = dataset()
@@ -103,7 +105,8 @@ def main() -> int:
             record["awaited"] = True  # until j1 posted at this step's boundary (once: the step may be redone)
             (out / "awaiting-join").write_text(str(time.time()))
             _wait_until(lambda: manager.board.has([f"round/{manager.membership.round}/post/j1"]))
-        time.sleep(step_sleep + sample_s * len(step.ids) * (2 if manager.me == slow_member else 1))
+        slow = manager.me == slow_member and step.index >= slow_from
+        time.sleep(step_sleep + sample_s * len(step.ids) * (2 if slow else 1))
         ids = torch.as_tensor(step.ids)
         loss = ((ddp(inputs[ids]).squeeze(1) - targets[ids]) ** 2).sum() / max(len(ids), 1)
         loss.backward()

@@ -2,9 +2,10 @@
 under the minimum, the median for a member not measured yet, largest remainders with ties in rank order, the same
 on every call); the speedometer (its own work only, not its wait for the others' collectives; the warm-up step,
 failed and empty steps not measured; a moving average); the boundary's decision carrying them. On real processes
-(elastic_rank.py, 4 CPU members, one at half speed: its step sleeps twice as long per sample), its share falls to
-about half of the others', every sample of every epoch is trained once, and every member ends with the same
-weights, equal to a float64 replay; with pacing off the shares stay equal."""
+(elastic_rank.py, 4 CPU members, one dropping to half speed mid-run: its step then sleeps twice as long per
+sample), its share falls to about half of the others' within a few steps, every sample of every epoch is trained
+once, and every member ends with the same weights, equal to a float64 replay; with pacing off the shares stay
+equal."""
 from __future__ import annotations
 
 import random
@@ -169,14 +170,18 @@ def test_with_pace_off_the_decision_deals_equal_shares():
 START_S = 300.0  # four members import torch (a loaded 2-core machine is slow)
 RUN_S = 120.0
 SAMPLE_S = 0.02  # each sample's compute, slept; twice that on the slow member
-BATCH, EPOCHS = 32, 4
+BATCH, EPOCHS = 32, 5
 STEPS = EPOCHS * -(-NUM_SAMPLES // BATCH)
+EQUAL = {"m0": 8, "m1": 8, "m2": 8, "m3": 8}
+PACED_FROM = 1 + ElasticSettings().pace_after_steps  # the warm-up step, then the measured ones
+SLOW_FROM = PACED_FROM + 2  # m3 drops to half speed once the members are paced
+SETTLED_AFTER = 3  # steps after the drop by which m3's share is about half of the others'
 
 
 def run_job(tmp_path, pace_on: bool) -> dict:
     job = Job(tmp_path, 4, {"ELASTIC_SAMPLE_S": str(SAMPLE_S), "ELASTIC_SLOW_MEMBER": "m3",
-                            "ELASTIC_PACE": "1" if pace_on else "0", "ELASTIC_GLOBAL_BATCH": str(BATCH),
-                            "ELASTIC_EPOCHS": str(EPOCHS)})
+                            "ELASTIC_SLOW_FROM": str(SLOW_FROM), "ELASTIC_PACE": "1" if pace_on else "0",
+                            "ELASTIC_GLOBAL_BATCH": str(BATCH), "ELASTIC_EPOCHS": str(EPOCHS)})
     try:
         codes = job.wait(START_S + RUN_S)
     finally:
@@ -202,22 +207,21 @@ def run_job(tmp_path, pace_on: bool) -> dict:
 
 
 @pytest.mark.slow
-def test_a_member_at_half_speed_gets_about_half_the_share(tmp_path):
+def test_a_member_that_drops_to_half_speed_gets_about_half_the_share(tmp_path):
     started = time.monotonic()
     run = run_job(tmp_path, pace_on=True)
     shares = run["shares"]
-    full = [s for s in shares if sum(s.values()) == BATCH]
-    assert full[0] == {"m0": 8, "m1": 8, "m2": 8, "m3": 8}  # nobody measured yet
-    # the warm-up step, then pace_after_steps measured: paced from the step after, settled within a few more
-    settled = shares[1 + ElasticSettings().pace_after_steps + 3:]
-    ratios = [s["m3"] / np.mean([s["m0"], s["m1"], s["m2"]]) for s in settled]
     print(f"\nshares by step: {[list(s.values()) for s in shares]} ({time.monotonic() - started:.1f} s)")
-    assert all(0.3 <= r <= 0.75 for r in ratios), ratios
-    assert "mccl elastic: step " in run["output"] and ": shares by speed m0 " in run["output"], run["output"]
+    assert shares[:PACED_FROM] == [EQUAL] * PACED_FROM  # nobody has measured enough yet
+    for s in shares[PACED_FROM:SLOW_FROM]:  # paced, at equal speeds: about equal
+        assert all(abs(n - 8) <= 1 for n in s.values()), s
+    ratios = [s["m3"] / np.mean([s["m0"], s["m1"], s["m2"]]) for s in shares[SLOW_FROM + SETTLED_AFTER:]]
+    assert len(ratios) >= 4 and all(0.3 <= r <= 0.75 for r in ratios), ratios
+    assert ": shares by speed m0 " in run["output"], run["output"]
 
 
 @pytest.mark.slow
 def test_with_pace_off_the_shares_stay_equal(tmp_path):
     run = run_job(tmp_path, pace_on=False)
-    assert all(s == {"m0": 8, "m1": 8, "m2": 8, "m3": 8} for s in run["shares"]), run["shares"]
+    assert run["shares"] == [EQUAL] * STEPS, run["shares"]
     assert "shares by speed" not in run["output"]

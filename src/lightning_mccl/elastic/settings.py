@@ -33,7 +33,7 @@ class ElasticSettings:
     engine_heartbeat_s: float = 10.0  # the elastic group's MCCL_HEARTBEAT_TIMEOUT
     min_members: int = 1  # fewer members than this end the job (TooFewMembers)
     pace: bool = True  # each member's share of the global batch follows its measured samples/s
-    pace_smoothing: float = 0.3  # the weight of the newest step in a member's rate (a moving average)
+    pace_smoothing: float = 0.5  # the weight of the newest step in a member's rate (a moving average)
     pace_min_share: float = 0.25  # the least share of a member, as a fraction of an equal share
     pace_after_steps: int = 3  # the steps a member measures before its rate counts
 
