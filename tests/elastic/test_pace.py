@@ -36,6 +36,8 @@ def test_no_member_gets_less_than_the_minimum():
     # the minimum is a quarter of an equal share of 64 among 4: 4; the others share the remaining 60 by rate
     assert paced_shares([100.0, 100.0, 100.0, 1.0], 64, 0.25) == (20, 20, 20, 4)
     assert paced_shares([100.0, 1.0, 1.0, 50.0], 64, 0.25) == (37, 4, 4, 19)  # 56 left, 2:1
+    assert paced_shares([100.0, 100.0, 100.0, 1.0], 8, 0.25) == (3, 2, 2, 1)  # one sample, to go on measuring
+    assert paced_shares([100.0, 100.0, 1.0], 2, 0.25) == (1, 1, 0)  # fewer samples than members
 
 
 def test_a_member_without_a_rate_weighs_the_median_and_nobody_with_one_means_equal():
@@ -56,7 +58,8 @@ def test_shares_over_random_rates_sum_exactly_respect_the_minimum_and_are_determ
         rates = [rng.choice([0.0, rng.uniform(0.1, 1000.0)]) for _ in range(n)]
         shares = paced_shares(rates, total, least)
         assert sum(shares) == total and len(shares) == n and all(isinstance(s, int) for s in shares)
-        assert min(shares) >= int(least * total / n)
+        minimum = max(least * total / n, 1 if total >= n else 0)
+        assert min(shares) >= int(minimum)
         assert paced_shares(list(rates), total, least) == shares  # from the same values, the same shares
         known = [r for r in rates if r > 0]
         weights = [r or (float(np.median(known)) if known else 1.0) for r in rates]
@@ -65,7 +68,7 @@ def test_shares_over_random_rates_sum_exactly_respect_the_minimum_and_are_determ
                 if weights[i] > weights[j]:  # a faster member never gets fewer samples, but where both are held
                     assert shares[i] >= shares[j] - (i > j)  # at the minimum: a tie, to the earlier member
         exact = [total * w / sum(weights) for w in weights]
-        if min(exact) >= least * total / n:  # nobody held at the minimum: within a sample of its part
+        if min(exact) >= minimum:  # nobody held at the minimum: within a sample of its part
             assert all(abs(s - e) < 1 for s, e in zip(shares, exact))
 
 

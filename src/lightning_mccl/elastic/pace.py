@@ -16,7 +16,8 @@ are whole sample counts, one per member of the next quorum in rank order, summin
 1. each member's weight is its posted rate; a member without one (a joiner, or one still warming up) weighs
    the median of the posted rates; when nobody has posted one, every member weighs the same;
 2. each member's exact part is the global batch in proportion to the weights, but never less than the minimum
-   (`pace_min_share` of an equal share): a member under it is held at the minimum and the others share what is
+   (`pace_min_share` of an equal share, and at least one sample while the batch has one for every member, so a
+   slow member goes on being measured): a member under it is held at the minimum and the others share what is
    left in proportion to their weights, until nobody is under it;
 3. the exact parts become whole counts by largest remainders (each the whole part of its exact part, then one
    more each to the largest remainders, ties to the earlier member in rank order).
@@ -104,7 +105,7 @@ def paced_shares(rates: Sequence[float], total: int, min_share: float) -> Tuple[
     posted = [r for r in rates if r > 0]
     median = statistics.median(posted) if posted else 1.0
     weights = [r if r > 0 else median for r in rates]
-    least = min_share * total / n
+    least = max(min_share * total / n, 1.0 if total >= n else 0.0)
     held = [False] * n
     while True:
         left = total - least * sum(held)
