@@ -10,6 +10,11 @@ variables:
   <out>/paused and waits in the middle of its step (before its backward) until <out>/go exists or it was
   asked to leave; the others wait in the step's allreduce meanwhile;
 - ELASTIC_STEP_SLEEP: seconds every step sleeps (a slower job);
+- ELASTIC_SAMPLE_S, ELASTIC_SLOW_MEMBER, ELASTIC_SLOW_FROM: every member's step sleeps ELASTIC_SAMPLE_S per
+  sample it was dealt (its compute), that member's twice as long from that step on (default 0): a Mac that drops
+  to half the others' speed;
+- ELASTIC_PACE=0: equal shares (ElasticSettings.pace=False);
+- ELASTIC_GLOBAL_BATCH, ELASTIC_EPOCHS: other than GLOBAL_BATCH and EPOCHS;
 - ELASTIC_ENGINE_HEARTBEAT_S: the elastic group's engine heartbeat timeout (default 10 s);
 - ELASTIC_AWAIT_JOIN_AT: at that step, every launched member writes <out>/awaiting-join and waits until the
   joiner j1 has posted at the step's boundary (so it is admitted there, and trains from the next step on);
@@ -40,7 +45,8 @@ from lightning_mccl.elastic import ElasticManager, ElasticSampler, ElasticSettin
 NUM_SAMPLES, FEATURES, GLOBAL_BATCH, EPOCHS = 96, 6, 8, 3
 LR, MOMENTUM, DATA_SEED, SAMPLER_SEED = 0.05, 0.9, 1234, 7
 SETTINGS = ElasticSettings(timeout=40.0, heartbeat_s=0.1, silent_after_s=3.0, suspect_grace_s=0.5,
-                           engine_heartbeat_s=float(os.environ.get("ELASTIC_ENGINE_HEARTBEAT_S", "10")))
+                           engine_heartbeat_s=float(os.environ.get("ELASTIC_ENGINE_HEARTBEAT_S", "10")),
+                           pace=os.environ.get("ELASTIC_PACE", "1") == "1")
 WAIT_S = 60.0  # the longest a paused member waits
 
 
@@ -68,6 +74,11 @@ def main() -> int:
     step_sleep = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
     hold_at = int(os.environ.get("ELASTIC_HOLD_AT", "-1"))
     lr = float(os.environ.get("ELASTIC_LR", str(LR)))
+    sample_s = float(os.environ.get("ELASTIC_SAMPLE_S", "0"))
+    slow_member = os.environ.get("ELASTIC_SLOW_MEMBER", "")
+    slow_from = int(os.environ.get("ELASTIC_SLOW_FROM", "0"))
+    global_batch = int(os.environ.get("ELASTIC_GLOBAL_BATCH", str(GLOBAL_BATCH)))
+    epochs = int(os.environ.get("ELASTIC_EPOCHS", str(EPOCHS)))
     x, y = dataset()
     inputs, targets = torch.tensor(x, dtype=torch.float32), torch.tensor(y, dtype=torch.float32)
     torch.manual_seed(int(os.environ.get("RANK", "99")))  # different on every member: host 0's state wins
@@ -79,13 +90,13 @@ def main() -> int:
         optimizer.load_state_dict(state["optimizer"])
 
     manager = ElasticManager.from_env(
-        ElasticSampler(NUM_SAMPLES, GLOBAL_BATCH, seed=SAMPLER_SEED),
+        ElasticSampler(NUM_SAMPLES, global_batch, seed=SAMPLER_SEED),
         state_dict=lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
         load_state_dict=load, join=os.environ.get("ELASTIC_JOIN") == "1", settings=SETTINGS,
-        config={"lr": lr, "momentum": MOMENTUM, "global_batch": GLOBAL_BATCH, "sampler_seed": SAMPLER_SEED})
+        config={"lr": lr, "momentum": MOMENTUM, "global_batch": global_batch, "sampler_seed": SAMPLER_SEED})
     record = {"commits": [], "ledgers": {}, "boundaries": [], "first_step": None, "initial": None}
     ddp = None
-    while manager.epoch < EPOCHS:
+    while manager.epoch < epochs:
         step = manager.start_step()
         if step is None:
             break
@@ -93,7 +104,8 @@ def main() -> int:
             record["first_step"] = step.index
             record["initial"] = [p.detach().double().flatten().tolist() for p in model.parameters()]
             ddp = elastic_ddp(model, manager)
-        record["boundaries"].append({"start": time.time(), "step": step.index, "size": step.size})
+        record["boundaries"].append({"start": time.time(), "step": step.index, "size": step.size,
+                                     "shares": {m: len(ids) for m, ids in step.deal.slices.items()}})
         if manager.me == pause_member and step.index == pause_at and not (out / "paused").exists():
             (out / "paused").write_text(str(time.time()))
             _wait_until(lambda: (out / "go").exists() or manager.leave_requested)
@@ -105,7 +117,8 @@ def main() -> int:
             record["held"] = True
             (out / "holding").write_text(str(time.time()))
             _wait_until(lambda: (out / "go").exists())
-        time.sleep(step_sleep)
+        slow = manager.me == slow_member and step.index >= slow_from
+        time.sleep(step_sleep + sample_s * len(step.ids) * (2 if slow else 1))
         ids = torch.as_tensor(step.ids)
         loss = ((ddp(inputs[ids]).squeeze(1) - targets[ids]) ** 2).sum() / max(len(ids), 1)
         loss.backward()

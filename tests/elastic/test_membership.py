@@ -20,6 +20,7 @@ from lightning_mccl.elastic.settings import ElasticSettings
 
 SETTINGS = ElasticSettings(timeout=20.0, heartbeat_s=0.05, silent_after_s=1.5, suspect_grace_s=0.25)
 HOST = "m0"
+GLOBAL_BATCH = 12
 
 
 class World:
@@ -42,7 +43,8 @@ class World:
         return Board(self.client(), member, f"127.0.0.1:{self.server.port}")
 
     def membership(self, member: str, members) -> Membership:
-        return Membership(self.board(member), member, self.settings, members, HOST, self.said.append)
+        return Membership(self.board(member), member, self.settings, members, HOST, self.said.append,
+                          global_batch=GLOBAL_BATCH)
 
     def beat(self, member: str) -> None:
         heartbeat = Heartbeat(self.client, member, "test", self.settings.heartbeat_s)

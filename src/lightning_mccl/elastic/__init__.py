@@ -2,6 +2,7 @@
 
 - `ElasticSampler` (sampler.py): each step's global batch dealt to the current members; the ledger;
 - membership.py: who is in at each step boundary, decided once in host 0's Store and read by all;
+- pace.py: each member's share of the global batch from its measured samples/s;
 - `ElasticProcessGroup` (process_group.py): the group DDP holds, re-formed in place;
 - `ElasticManager` (manager.py): the loop's start_step / should_commit, the vote, the state sent to joiners;
 - fingerprint.py: what a joiner must share with the job (versions, model, config), or it is refused;

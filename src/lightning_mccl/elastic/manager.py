@@ -15,8 +15,9 @@ The loop it expects (docs/elastic.md has the whole example)::
 
 `start_step` applies the decision of the last step boundary: it re-forms the process group when the membership
 changed or the last step failed, sends the training state to the members that lack it (joiners), and deals
-the step's global batch (`ElasticSampler`). `should_commit` is the step boundary: this member posts whether
-its step succeeded and the others' posts are awaited (membership.py); the decision says whether every member
+the step's global batch (`ElasticSampler`) by the decision's shares (each member's share follows its measured
+speed: pace.py). `should_commit` is the step boundary: this member posts whether its step succeeded and its
+measured rate, and the others' posts are awaited (membership.py); the decision says whether every member
 applies the step (the sampler records its ids in the ledger) or none does (its ids are dealt again, whole, to
 the next step's members: the step is dropped and its batch redone). A failed collective never raises from
 `allreduce` or the DDP hook: it is reported (`report_error`) and decides the vote.
@@ -32,7 +33,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence, Set
+from typing import Any, Callable, Optional, Sequence, Set, Tuple
 
 import numpy as np
 import torch
@@ -44,6 +45,7 @@ from .board import Board, Pauses
 from .errors import Diverged, ElasticError, Removed, TooFewMembers
 from .liveness import Heartbeat, Stillness
 from .membership import Decision, Membership, Post, member_id
+from .pace import Speedometer, changed_materially
 from .process_group import ElasticProcessGroup
 from .sampler import Deal, ElasticSampler
 from .settings import ElasticSettings
@@ -98,7 +100,9 @@ class ElasticManager:
         elif member == STORE_HOST:
             fingerprint.publish(self.board, fingerprint.of(state_dict, config))
         self.me = member
-        self.membership = Membership(self.board, member, self.settings, members, STORE_HOST, self._say)
+        self.membership = Membership(self.board, member, self.settings, members, STORE_HOST, self._say,
+                                     global_batch=sampler.global_batch)
+        self.speed = Speedometer(self.settings.pace_smoothing, self.settings.pace_after_steps)
         self.pg = ElasticProcessGroup(store, timeout=self.settings.group_timeout,
                                       settings=self.settings.group_settings(), route_to=address.rsplit(":", 1)[0],
                                       report=self.report_error)
@@ -112,6 +116,7 @@ class ElasticManager:
         self.left = False
         self._decision: Optional[Decision] = None
         self._members: Sequence[str] = ()  # the quorum of the group now formed (rank order)
+        self._shares_said: Tuple[Tuple[str, ...], Tuple[int, ...]] = ((), ())  # the last share line's members, shares
         self._step: Optional[Step] = None
         self._error: Optional[str] = None
         self._suspects: Set[str] = set()
@@ -187,13 +192,14 @@ class ElasticManager:
             if decision.reform and not self._reform(decision):
                 # Forming the group or sending the state failed (reported): this step fails at the boundary
                 # the others reach after theirs, with the same deal in flight, so every sampler drops it alike.
-                self.sampler.deal(decision.members)
+                self.sampler.deal(decision.members, decision.shares)
                 self._decision = self._boundary()
                 self.sampler.drop()
                 continue
-            deal = self.sampler.deal(decision.members)
+            deal = self.sampler.deal(decision.members, decision.shares)
             rank = decision.rank_of(self.me)
             self._step = Step(self.step, deal.epoch, deal.of(self.me), deal, rank, len(decision.members))
+            self.speed.start()
             return self._step
 
     def should_commit(self) -> bool:
@@ -201,6 +207,7 @@ class ElasticManager:
         (no member applies it; its ids are dealt again)."""
         if self._step is None:
             raise RuntimeError("ElasticManager.should_commit: no step was started (call start_step first)")
+        self.speed.stop(len(self._step.ids), ok=self._error is None)
         decision = self._boundary()
         if decision.commit:
             self.sampler.commit(self.step)
@@ -227,12 +234,17 @@ class ElasticManager:
             tensor.mul_(step.weight * step.size)
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.AVG  # divides by the quorum's size
+        self.speed.issued()
         try:
             work = self.pg.allreduce([tensor], opts)  # its failure is reported (the group's `report`)
         except dist.DistError as e:  # Reconfiguring: the group is not formed
             self.report_error(e)
             return _done(tensor)
-        return work.get_future().then(lambda _: tensor)
+        return work.get_future().then(lambda _: self._completed(tensor))
+
+    def _completed(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.speed.completed()
+        return tensor
 
     def report_error(self, error: BaseException) -> None:
         """The step failed here (`error`): its vote is no. Ranks the engine's message names are suspects."""
@@ -258,7 +270,7 @@ class ElasticManager:
         with self._lock:
             post = Post(ok=self._error is None, why=self._error or "", leaving=bool(self._leave),
                         has_state=self.has_state, digest=self._digest() if self.has_state else "",
-                        suspects=tuple(sorted(self._suspects)))
+                        suspects=tuple(sorted(self._suspects)), rate=self.speed.rate)
             self._error, self._suspects = None, set()
         return self.membership.boundary(post)
 
@@ -272,6 +284,7 @@ class ElasticManager:
                 f"mccl elastic: the job ends at step {self.step} (round {decision.round}): {decision.end}")
         if self.me in decision.members:
             self._announce(decision)
+            self._announce_shares(decision)
             return True
         if self.me in decision.left:
             self._say(f"member {self.me} left the job at step {self.step}, as asked ({decision.removed[self.me]})")
@@ -291,6 +304,17 @@ class ElasticManager:
         parts = [f"{m} left ({why})" for m, why in decision.removed.items()] + [f"{m} joined" for m in joined]
         self._say(f"step {self.step}: {', '.join(parts)}; {len(decision.members)} members now: "
                   f"{', '.join(decision.members)}")
+
+    def _announce_shares(self, decision: Decision) -> None:
+        """One line when the shares changed materially (pace.py), from the quorum's first member."""
+        if decision.members[0] != self.me or not changed_materially(self._shares_said, decision.members,
+                                                                    decision.shares):
+            return
+        self._shares_said = (decision.members, decision.shares)
+        shares = ", ".join(f"{m} {n}" for m, n in zip(decision.members, decision.shares))
+        rates = ", ".join(f"{m} {r:.1f}" if r > 0 else f"{m} not measured yet"
+                          for m, r in zip(decision.members, decision.rates))
+        self._say(f"step {self.step}: shares by speed {shares} of {sum(decision.shares)} (samples/s {rates})")
 
     def _reform(self, decision: Decision) -> bool:
         """Form the decision's group and send the state to its receivers; False (reported) if that failed."""

@@ -20,7 +20,9 @@ value, so no two members can act on different memberships. It holds:
 - ``receivers``: the next quorum's members without the training state (joiners; at round 0 all but the
   first), which the others send it to;
 - ``removed``: who is out, and why; ``reform``: the process group is rebuilt (membership changed or the step
-  failed); ``end``: the job cannot go on (too few members, diverged state), and why.
+  failed); ``end``: the job cannot go on (too few members, diverged state), and why;
+- ``shares``: how many samples of the global batch each member of the next quorum is dealt (in proportion to
+  the rates the members posted, ``rates``, when pacing is on: pace.py; else equal).
 
 Joiners register in the join log (``join/<k>``, id ``j<k>``) and post at the round after the latest decided
 one (``next``); one that posted in time is admitted, one that did not tries the next round. Requests to leave
@@ -41,6 +43,7 @@ from .board import Board, Pauses
 from .errors import ElasticError, Removed
 from .fingerprint import REFUSED_LOG
 from .liveness import Stillness
+from .pace import equal_shares, paced_shares
 from .settings import ElasticSettings
 
 KEEP_ROUNDS = 8  # decided rounds whose decision stays in the Store (joiners read the latest)
@@ -56,6 +59,7 @@ class Post:
     has_state: bool = True  # holds the training state (a joiner does not, until it is sent)
     digest: str = ""  # of the state it holds (the sampler's, and the committed step)
     suspects: Tuple[str, ...] = ()  # members an engine error named
+    rate: float = 0.0  # its measured samples/s (pace.py); 0 while it has not measured enough steps
 
 
 @dataclass(frozen=True)
@@ -70,6 +74,8 @@ class Decision:
     reason: str = ""  # why the step is not committed
     end: str = ""  # why the job cannot go on; "" while it can
     too_few: bool = False  # it cannot because fewer than the minimum remain
+    shares: Tuple[int, ...] = ()  # each member's samples of the next step's global batch, in `members` order
+    rates: Tuple[float, ...] = ()  # the rates they were paced by, as posted (0: none yet)
 
     def rank_of(self, member: str) -> int:
         return self.members.index(member)
@@ -92,8 +98,9 @@ class Membership:
     """This member's side of the rounds. `members`: the current quorum (empty for a joiner until admitted)."""
 
     def __init__(self, board: Board, me: str, settings: ElasticSettings, members: Sequence[str],
-                 store_host: str, say: Callable[[str], None]):
+                 store_host: str, say: Callable[[str], None], *, global_batch: int):
         self.board = board
+        self.global_batch = global_batch
         self.me = me
         self.settings = settings
         self.members: Tuple[str, ...] = tuple(members)
@@ -218,15 +225,23 @@ class Membership:
             end = "no remaining member holds the training state to send to the others"
         elif len(digests) > 1:
             end = "members disagree on the training state: " + ", ".join(f"{m}: {posts[m].digest}" for m in holders)
+        rates = tuple(posts[m].rate if self.settings.pace else 0.0 for m in members)
         decision = Decision(
             round=n, commit=commit, members=members, receivers=tuple(m for m in members if not posts[m].has_state),
             removed=removed, left=tuple(left), reform=members != self.members or not commit, reason="; ".join(failed),
-            end=end, too_few=too_few)
+            end=end, too_few=too_few, shares=self._shares(rates), rates=rates)
         if self.board.set_once(_decision_key(n), asdict(decision)) == _json(decision):
             self._advance_next(n + 1)
             if n >= KEEP_ROUNDS:
                 self.board.delete(_decision_key(n - KEEP_ROUNDS))
                 self.board.delete(f"round/{n - KEEP_ROUNDS}/count")
+
+    def _shares(self, rates: Tuple[float, ...]) -> Tuple[int, ...]:
+        if not rates:
+            return ()
+        if not self.settings.pace:
+            return equal_shares(len(rates), self.global_batch)
+        return paced_shares(rates, self.global_batch, self.settings.pace_min_share)
 
     def _advance_next(self, n: int) -> None:
         """`next` (the round after the latest decided) := n unless it is past n already (compare-and-set: it
@@ -272,7 +287,7 @@ def _json(decision: Decision):
 
 
 def _decision(value: dict) -> Decision:
-    return Decision(**{**value, **{k: tuple(value[k]) for k in ("members", "receivers", "left")}})
+    return Decision(**{**value, **{k: tuple(value[k]) for k in ("members", "receivers", "left", "shares", "rates")}})
 
 
 __all__ = ["Membership", "Post", "Decision", "member_id", "request_leave"]

@@ -24,6 +24,7 @@ Nothing here imports torch: the ids are numpy arrays (PCG64, the same permutatio
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
@@ -39,9 +40,14 @@ def split_sizes(total: int, shares: Sequence[float]) -> List[int]:
     if any(not (s >= 0) for s in shares) or sum(shares) <= 0:
         raise ValueError(f"shares must be non-negative with a positive sum, got {list(shares)}")
     whole = sum(shares)
-    exact = [total * s / whole for s in shares]
-    sizes = [int(x) for x in exact]
-    by_remainder = sorted(range(len(shares)), key=lambda i: (-(exact[i] - sizes[i]), i))
+    return largest_remainder(total, [total * s / whole for s in shares])
+
+
+def largest_remainder(total: int, exact: Sequence[float]) -> List[int]:
+    """Whole numbers summing to `total` from non-negative `exact` parts that sum to it: each the whole part of
+    its exact part, then one more each to the largest remainders (ties to the earlier member)."""
+    sizes = [math.floor(x) for x in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda i: (-(exact[i] - sizes[i]), i))
     for i in by_remainder[:total - sum(sizes)]:
         sizes[i] += 1
     return sizes
@@ -175,4 +181,4 @@ class ElasticSampler:
         return h.hexdigest()[:16]
 
 
-__all__ = ["ElasticSampler", "Deal", "split_sizes", "UNTRAINED"]
+__all__ = ["ElasticSampler", "Deal", "split_sizes", "largest_remainder", "UNTRAINED"]
