@@ -139,7 +139,8 @@ def test_over_the_store_a_joiner_that_matches_passes_and_one_that_differs_is_ref
                                   "is float32[10, 32] here, float32[10, 64] in the job")
     assert joiner.add("join/n", 0) == 0  # it never registered
     said = []
-    host = Membership(Board(store, "m0", address), "m0", ElasticSettings(), ["m0"], "m0", said.append)
+    host = Membership(Board(store, "m0", address), "m0", ElasticSettings(), ["m0"], "m0", said.append,
+                      global_batch=4)
     host._report_refusals()
     host._report_refusals()  # each refusal is said once
     assert said == ["a joiner on mac-3 (pid 12) was refused: its model differs: 'model.fc.weight' is float32[10, 32] "
