@@ -51,6 +51,14 @@ the launcher, or a rank that cannot be started at all ends the job without a res
 restart the launcher exits with the last failing rank's code. Why not torchrun's elastic agent: it needs
 an agent started by hand on every Mac and a rendezvous backend between them; `mccl launch` already
 controls every host from one command (over ssh), so restarting the whole job from there needs nothing more.
+
+Elastic (``--elastic [--min-nodes K]``, for a program driven by `lightning_mccl.elastic.ElasticManager`): a
+rank that exits, with any code, stops no other; the members go on without it, and each membership change is one
+line of theirs. Every rank gets MCCL_ELASTIC=1 and, with ``--min-nodes K``, MCCL_ELASTIC_MIN_MEMBERS (K times
+the ranks of a node; with ``--local N`` each rank counts as a node), which ``ElasticManager.from_env`` reads: fewer
+members end the job. The exit code is rank 0's (host 0 serves the Store and must stay); the last line lists the
+membership changes, or says that the job ended because fewer members than the minimum remained. A host that
+left joins again with `mccl join` (`lightning_mccl.cli.join`); `mccl leave` asks one to leave.
 """
 from __future__ import annotations
 
@@ -61,6 +69,7 @@ from typing import Optional, Sequence
 
 from ..hostfile import HostfileError
 from ..launcher import LaunchError, parse_env, resolve_command, run_job, warn_secret_values
+from ..launcher.elastic import elastic_plan
 from ..launcher.progress import PROGRESS_EVERY_S
 from .arg_types import non_negative_int, port_range, positive_int, seconds
 from .console import make_log, stderr_console
@@ -79,17 +88,32 @@ progress bar is drawn in place on a terminal, and is a line every --progress-eve
 exit code: the first failing rank's (the others are stopped at once), 130 after Ctrl-C, 0 when all succeed.
 --max-restarts N: after a failure, all ranks start again (up to N times; MCCL_RESTART_COUNT says which
 attempt); the exit code is then the last attempt's.
+--elastic [--min-nodes K] (a program using lightning_mccl.elastic): a rank that exits stops no other; each
+membership change is one line; the exit code is rank 0's, and the last line lists who left and joined, and why,
+or says that fewer than the minimum remained. mccl leave asks a host to leave; mccl join starts one again.
 """
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(parser: argparse.ArgumentParser, joining: bool = False) -> None:
+    """`mccl launch`'s options; `joining`: `mccl join`'s (the same, but for --max-restarts and --elastic: its
+    ranks are always elastic), and the HOST that joins."""
     add_fleet_arguments(parser)
     parser.add_argument("--nproc-per-node", metavar="P", type=positive_int,
                         help="ranks per host (default: 1; one Mac, one rank); with --local N: this machine as N "
-                             "nodes of P ranks each")
-    parser.add_argument("--max-restarts", metavar="N", type=non_negative_int, default=0,
-                        help="when a rank fails, stop all ranks and start them all again, up to N times "
-                             "(default: 0); ranks see MCCL_RESTART_COUNT")
+                             "nodes of P ranks each" + (" (as the job was launched)" if joining else ""))
+    if joining:
+        parser.add_argument("--min-nodes", metavar="K", type=positive_int,
+                            help="the job's --min-nodes: the joiners decide who is in with the others")
+    else:
+        parser.add_argument("--max-restarts", metavar="N", type=non_negative_int, default=0,
+                            help="when a rank fails, stop all ranks and start them all again, up to N times "
+                                 "(default: 0); ranks see MCCL_RESTART_COUNT")
+        parser.add_argument("--elastic", action="store_true",
+                            help="the job goes on when a rank exits (a program using lightning_mccl.elastic); the "
+                                 "exit code is rank 0's")
+        parser.add_argument("--min-nodes", metavar="K", type=positive_int,
+                            help="with --elastic: end the job when fewer than K nodes remain (with --local N, K "
+                                 "ranks); default: go on while host 0 remains")
     parser.add_argument("--caffeinate", action=argparse.BooleanOptionalAction, default=None,
                         help="keep each host awake while its ranks run (`caffeinate -ims`); default: on for "
                              "macOS hosts, off elsewhere")
@@ -103,16 +127,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="set NAME for every rank; repeatable. NAME alone takes the value from the launcher's "
                              "environment and keeps it off the command line, where `ps` shows NAME=VALUE to "
                              "every user of this machine: use it for secrets")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the command every rank runs, after --")
+    if joining:
+        parser.add_argument("host", metavar="HOST", nargs="?",
+                            help="the host of the hostfile whose ranks join (none with --local)")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the command every rank runs, after --" + (" (the job's)" if joining else ""))
 
 
-def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Optional[Sequence[str]]) -> int:
-    """`mccl launch`: returns the exit code (parser.error exits 2 on bad input)."""
+def fleet_source(args: argparse.Namespace) -> str:
+    """Where the hosts come from, for messages: the hostfile's path, --local N or --switch TAG."""
+    if args.hostfile is not None:
+        return args.hostfile
+    return f"--local {args.local}" if args.local is not None else f"--switch {args.switch}"
+
+
+def command_plan(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Optional[Sequence[str]],
+                 example: str):
+    """(the plan of `mccl launch` or `mccl join`'s options and command, whether `python` was replaced); bad input
+    exits through parser.error."""
     if command is not None and args.command:
         parser.error("give the command once, after --")
     command = list(command if command is not None else args.command)
     if not command:
-        parser.error("missing the command to run, e.g. mccl launch --local 2 -- python train.py")
+        parser.error(f"missing the command to run, e.g. {example} -- python train.py")
     try:
         env = parse_env(args.env)
         if args.port_range:
@@ -122,10 +159,26 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     except (LaunchError, HostfileError) as e:
         parser.error(str(e))
     caffeinate = {None: "auto", True: "on", False: "off"}[args.caffeinate]
-    plan = replace(plan, max_restarts=args.max_restarts, caffeinate=caffeinate)
+    return replace(plan, caffeinate=caffeinate), replaced
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Optional[Sequence[str]]) -> int:
+    """`mccl launch`: returns the exit code (parser.error exits 2 on bad input)."""
+    if args.min_nodes is not None and not args.elastic:
+        parser.error(f"--min-nodes {args.min_nodes} needs --elastic (without it, the first rank to exit ends the job)")
+    if args.elastic and args.max_restarts:
+        parser.error("--max-restarts restarts every rank after a failure, --elastic goes on without the failed one: "
+                     "give one of them")
+    plan, replaced = command_plan(args, parser, command, "mccl launch --local 2")
+    if args.elastic:
+        try:
+            plan = elastic_plan(plan, args.min_nodes, fleet_source(args))
+        except LaunchError as e:
+            parser.error(str(e))
+    plan = replace(plan, max_restarts=args.max_restarts)
     log = make_log(stderr_console())
     warn_secret_values(args.env, log)
-    log(f"launching {plan.describe()}: {shlex.join(plan.command)}")
+    log(f"launching {plan.describe()}{' (elastic)' if plan.elastic else ''}: {shlex.join(plan.command)}")
     if replaced:
         log(f"`python` runs as {plan.python} (see --python)")
     result = run_job(plan, log=log, fresh_port=args.local is not None and args.master_port is None,

@@ -19,14 +19,15 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 from ..hostfile import Host, Hostfile, check_addresses, load_hostfile
 from ..switch.netns import exec_argv as netns_exec_argv
 from . import rank_shim
+from .elastic_env import ELASTIC_VARS, elastic_env
 from .rank_process import RankSpec
 
 DEFAULT_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=15 -o ServerAliveCountMax=4"
 DEFAULT_GRACE_S = 10.0
 LOCAL_ADDR = "127.0.0.1"
 LOCAL_HOST_NAME = "local"
-# Set per host or per attempt by the launcher, so never copied from the launcher's own environment.
-PER_HOST_VARS = ("MCCL_SOCKET_IFNAME", "MCCL_NODE_RANK", "MCCL_RESTART_COUNT", "MCCL_MAX_RESTARTS")
+# Set per host, per attempt or per job by the launcher, so never copied from the launcher's own environment.
+PER_HOST_VARS = ("MCCL_SOCKET_IFNAME", "MCCL_NODE_RANK", "MCCL_RESTART_COUNT", "MCCL_MAX_RESTARTS", *ELASTIC_VARS)
 # `python -c` program that runs the rank shim's source, passed (base64) as its first argument.
 SHIM_BOOTSTRAP = "import base64,sys;exec(base64.b64decode(sys.argv[1]))"
 _PYTHON_WORD = re.compile(r"python(3(\.\d+)?)?")
@@ -80,7 +81,9 @@ def resolve_command(command: Sequence[str], python: str) -> Tuple[List[str], boo
 class LaunchPlan:
     """Where and how every rank runs. ``ssh=None``: all hosts are this machine (``--local``), or network
     namespaces of it (``netns``: host i's ranks run in namespace netns[i], see `lightning_mccl.switch`).
-    ``env`` (the ``--env`` variables, maybe an API token) is left out of the repr."""
+    ``env`` (the ``--env`` variables, maybe an API token) is left out of the repr. ``elastic``: the ranks go on
+    when one exits (`elastic`), and go on with at least ``min_members`` (None: the elastic layer's default);
+    ``joining``: only that host's ranks run, joining the running job (`mccl join`)."""
 
     hosts: Tuple[Host, ...]
     command: Tuple[str, ...]
@@ -96,6 +99,9 @@ class LaunchPlan:
     max_restarts: int = 0
     caffeinate: str = "auto"  # the rank shim's MCCL_CAFFEINATE: auto (macOS hosts), on, off
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # one per job, kept by restarts
+    elastic: bool = False
+    min_members: Optional[int] = None
+    joining: Optional[str] = None
 
     @property
     def world_size(self) -> int:
@@ -143,6 +149,8 @@ class LaunchPlan:
             "MCCL_HOSTS": ",".join(h.name for h in self.hosts),  # host of rank r: r // LOCAL_WORLD_SIZE
             "MCCL_CAFFEINATE": self.caffeinate,
         })
+        if self.elastic:
+            env.update(elastic_env(self.min_members, joining=self.joining is not None))
         ifname = self.hosts[node_rank].ifname
         if ifname:
             env["MCCL_SOCKET_IFNAME"] = ifname
@@ -152,6 +160,8 @@ class LaunchPlan:
         specs = []
         shim = shim_argv(self.python)
         for node_rank, host in enumerate(self.hosts):
+            if self.joining is not None and host.name != self.joining:
+                continue
             for local_rank in range(self.nproc_per_node):
                 rank = node_rank * self.nproc_per_node + local_rank
                 spec = shim_input(argv=self.command, cwd=self.cwd, label=f"{host.name} r{rank}",
