@@ -9,7 +9,7 @@
     mccl switch up --hosts 4 --rate 1gbit      # an emulated fleet on this Linux machine (root)
 
 `launch` runs a command on every rank of the fleet (see `lightning_mccl.cli.launch`); `leave` asks a host to leave
-a running elastic job and `join` starts one as a joiner of it (`lightning_mccl.cli.leave`, `.join`); `doctor`
+a running elastic job and `join` starts one as a joiner of it (both in `lightning_mccl.cli.launch`); `doctor`
 checks the fleet and measures its links with the mccl engine (see `lightning_mccl.cli.doctor`); `switch` builds an
 emulated fleet (see `lightning_mccl.cli.switch`); `plan` predicts a fleet's training step. These modules are
 thin front ends: argument parsing (their shared types: `arg_types`, `fleet_args`) and printing (`console`);
@@ -26,7 +26,7 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import doctor, join, launch, leave, plan, switch
+    from . import doctor, launch, plan, switch
 
     parser = argparse.ArgumentParser(
         prog="mccl", description="Run and check PyTorch training across a fleet of Macs (the mccl backend).")
@@ -43,17 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ask the members a host runs (or one member) to leave a running elastic job (mccl launch "
                     "--elastic) at their next step boundary, through the job's Store on host 0.",
         usage="mccl leave (--hostfile FILE | --master ADDR:PORT) [options] HOST|MEMBER",
-        epilog=leave.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    leave.add_arguments(p)
-    p.set_defaults(run=leave.run, subparser=p)
+        epilog=launch.LEAVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    launch.add_leave_arguments(p)
+    p.set_defaults(run=launch.run_leave, subparser=p)
     p = sub.add_parser(
         "join", help="start a host's ranks as joiners of a running elastic job",
         description="Start HOST's ranks (or, with --local N, N ranks of this machine) as joiners of the running "
                     "elastic job whose host 0 serves the Store, with the job's command.",
         usage="mccl join (--hostfile FILE HOST | --local N --master-port PORT) [options] -- COMMAND ...",
-        epilog=join.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    join.add_arguments(p)
-    p.set_defaults(run=join.run, subparser=p)
+        epilog=launch.JOIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    launch.add_arguments(p, joining=True)
+    p.set_defaults(run=launch.run_join, subparser=p)
     p = sub.add_parser(
         "doctor", help="check the hosts, then measure latency and bandwidth between them with mccl",
         description="Check ssh, versions and the master port on every host, then measure every pair of "

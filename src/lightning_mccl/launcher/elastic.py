@@ -5,7 +5,7 @@ The members of an elastic job decide together, through host 0's Store, who is in
 the launcher's part:
 
 - `elastic_plan`: a plan whose ranks go on when one exits (the supervisor runs them without fail-fast) and
-  know it (`elastic_env`), with ``--min-nodes K`` checked against the job's nodes and passed on as the fewest
+  know it (`LaunchPlan.rank_env`), with ``--min-nodes K`` checked against the job's nodes and passed on as the fewest
   members the job goes on with (K times the ranks of one node; with ``--local N``, one node of N ranks, each
   rank counts as a node);
 - `join_plan`: one host's ranks, started as joiners of the running job;

@@ -6,6 +6,7 @@ over ssh or inside a network namespace) and the plans for ``--local``, ``--switc
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 import re
 import shlex
@@ -14,23 +15,30 @@ import sys
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from ..hostfile import Host, Hostfile, check_addresses, load_hostfile
 from ..switch.netns import exec_argv as netns_exec_argv
 from . import rank_shim
-from .elastic_env import ELASTIC_VARS, elastic_env
 from .rank_process import RankSpec
 
 DEFAULT_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=15 -o ServerAliveCountMax=4"
 DEFAULT_GRACE_S = 10.0
 LOCAL_ADDR = "127.0.0.1"
 LOCAL_HOST_NAME = "local"
+# What an elastic job's ranks get (`elastic`; read by `ElasticManager.from_env` through `with_launched_minimum` and
+# `launched_as_joiner`): MCCL_ELASTIC=1; the fewest members the job goes on with (--min-nodes K times the ranks
+# of a node), only when --min-nodes is given; MCCL_ELASTIC_JOIN=1 for a rank `mccl join` starts.
+ELASTIC_VAR = "MCCL_ELASTIC"
+MIN_MEMBERS_VAR = "MCCL_ELASTIC_MIN_MEMBERS"
+JOIN_VAR = "MCCL_ELASTIC_JOIN"
+ELASTIC_VARS = (ELASTIC_VAR, MIN_MEMBERS_VAR, JOIN_VAR)
 # Set per host, per attempt or per job by the launcher, so never copied from the launcher's own environment.
 PER_HOST_VARS = ("MCCL_SOCKET_IFNAME", "MCCL_NODE_RANK", "MCCL_RESTART_COUNT", "MCCL_MAX_RESTARTS", *ELASTIC_VARS)
 # `python -c` program that runs the rank shim's source, passed (base64) as its first argument.
 SHIM_BOOTSTRAP = "import base64,sys;exec(base64.b64decode(sys.argv[1]))"
 _PYTHON_WORD = re.compile(r"python(3(\.\d+)?)?")
+Settings = TypeVar("Settings")
 
 
 class LaunchError(ValueError):
@@ -150,7 +158,11 @@ class LaunchPlan:
             "MCCL_CAFFEINATE": self.caffeinate,
         })
         if self.elastic:
-            env.update(elastic_env(self.min_members, joining=self.joining is not None))
+            env[ELASTIC_VAR] = "1"
+            if self.min_members is not None:
+                env[MIN_MEMBERS_VAR] = str(self.min_members)
+            if self.joining is not None:
+                env[JOIN_VAR] = "1"
         ifname = self.hosts[node_rank].ifname
         if ifname:
             env["MCCL_SOCKET_IFNAME"] = ifname
@@ -205,6 +217,29 @@ class LaunchPlan:
         else:
             where = f"on {len(self.hosts)} host{'s' if len(self.hosts) != 1 else ''} × {self.nproc_per_node}"
         return f"{ranks} {where} (master {self.master_addr}:{self.master_port})"
+
+
+def with_launched_minimum(settings: Settings, environ: Optional[Mapping[str, str]] = None) -> Settings:
+    """A rank's side: `settings` (an `ElasticSettings`) with ``min_members`` from MCCL_ELASTIC_MIN_MEMBERS when
+    the launcher set it; ValueError naming the variable when it is not a positive integer."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(MIN_MEMBERS_VAR, "")
+    if not text:
+        return settings
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{MIN_MEMBERS_VAR}={text!r} is not a positive number of members (mccl launch --elastic "
+                         f"--min-nodes sets it)")
+    return dataclasses.replace(settings, min_members=value)
+
+
+def launched_as_joiner(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """A rank's side: whether `mccl join` started it (MCCL_ELASTIC_JOIN=1)."""
+    environ = os.environ if environ is None else environ
+    return environ.get(JOIN_VAR, "") == "1"
 
 
 def local_plan(num: int, command: Sequence[str], *, master_port: Optional[int] = None, **kwargs) -> LaunchPlan:
