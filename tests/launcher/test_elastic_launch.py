@@ -3,7 +3,8 @@ process), and real elastic jobs of tests/elastic/elastic_rank.py (torch's DDP ov
 installed `mccl` script: a member killed with SIGKILL mid-step while the others wait for it in the step's
 allreduce (the others finish every epoch and the launcher exits 0 with the membership line; with --min-nodes 3
 the job ends with the one clear line and rank 0's exit code), a member asked to leave by `mccl leave` (it exits 0,
-the others finish), and a rank started by `mccl join` that the others admit."""
+the others finish), a rank started by `mccl join` that the others admit, and, over the fake ssh, a host whose
+rank was killed started again as a joiner once it answers ssh."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_runner import MCCL, require_script, run_mccl
+from cli_runner import MCCL, env_with_fake_ssh, require_script, run_mccl
 from lightning_mccl.cli import main
 from lightning_mccl.launcher import free_port
 
@@ -68,14 +69,16 @@ def test_leave_names_the_address_when_the_store_cannot_be_reached(capsys):
 
 
 class ElasticJob:
-    """`mccl launch --local N --elastic ...` of elastic_rank.py on a free port, its output in files."""
+    """`mccl launch --local N --elastic ...` of elastic_rank.py on a free port (or --hostfile with `options` and
+    `env`, the fake ssh's), its output in files."""
 
-    def __init__(self, tmp_path: Path, ranks: int, *options: str, **scenario):
+    def __init__(self, tmp_path: Path, ranks: int, *options: str, env=None, **scenario):
         require_script()
         self.out, self.port = tmp_path, free_port()
-        env = [f"--env=ELASTIC_{k}={v}" for k, v in {"OUT": tmp_path, **scenario}.items()]
-        self.launcher = _start([MCCL, "launch", "--local", str(ranks), "--elastic", *options, "--master-port",
-                                str(self.port), *env, "--", "python", ELASTIC_RANK], tmp_path / "launcher")
+        variables = [f"--env=ELASTIC_{k}={v}" for k, v in {"OUT": tmp_path, **scenario}.items()]
+        where = ["--local", str(ranks)] if ranks else []
+        self.launcher = _start([MCCL, "launch", *where, "--elastic", *options, "--master-port", str(self.port),
+                                *variables, "--", "python", ELASTIC_RANK], tmp_path / "launcher", env)
 
     def await_file(self, name: str) -> None:
         deadline = time.monotonic() + START_S
@@ -124,9 +127,9 @@ class ElasticJob:
         return json.loads((self.out / f"{member}.json").read_text())
 
 
-def _start(argv, stem: Path) -> subprocess.Popen:
+def _start(argv, stem: Path, env=None) -> subprocess.Popen:
     with open(f"{stem}.out", "w") as out, open(f"{stem}.err", "w") as err:
-        return subprocess.Popen(argv, stdout=out, stderr=err, cwd=stem.parent, start_new_session=True)
+        return subprocess.Popen(argv, stdout=out, stderr=err, cwd=stem.parent, env=env, start_new_session=True)
 
 
 @pytest.fixture
@@ -220,3 +223,23 @@ def test_a_rank_started_by_mccl_join_is_admitted_and_ends_with_the_others(elasti
         f"mccl: the elastic job finished with 3 members (m0, m1, j1); changes: step {PAUSE_AT + 1}: j1 joined"), \
         job.output()
     assert job.result("j1")["first_step"] == PAUSE_AT + 1 and job.result("j1")["steps"] == STEPS
+
+
+@needs_proc
+def test_over_ssh_a_host_whose_rank_was_killed_is_started_again_as_a_joiner(elastic_job, tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("hosts:\n" + "".join(f"  - {{name: mac-{i}, addr: 127.0.0.1}}\n" if i == 0 else
+                                          f"  - {{name: mac-{i}, addr: 127.0.0.{i + 1}}}\n" for i in range(3)))
+    job = elastic_job(0, "--hostfile", str(fleet), env=env_with_fake_ssh(), PAUSE_MEMBER="m2", PAUSE_AT=PAUSE_AT,
+                      STEP_SLEEP=0.5)  # the steps after the kill leave the joiner time to start
+    _kill_member_2(job)
+    assert job.wait() == 0, job.output()
+    err = job.stderr()
+    assert "mccl: mac-2 left (its ranks exited with code 137): starting it again as a joiner once it answers ssh" \
+        in err, job.output()
+    assert "mccl: mac-2 answers ssh again: starting it as a joiner (1 rank; restart 1 of at most 3)" in err, err
+    assert "[mac-0 r0] mccl elastic: step 5: m2 left (a collective failed on it" in job.stdout(), job.output()
+    assert "j1 joined; 3 members now: m0, m1, j1" in job.stdout(), job.output()
+    assert err.strip().splitlines()[-1].startswith("mccl: the elastic job finished with 3 members (m0, m1, j1); "
+                                                   "changes: step 5: m2 left ("), err
+    assert job.result("j1")["steps"] == job.result("m0")["steps"] == STEPS

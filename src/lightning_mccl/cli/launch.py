@@ -57,8 +57,10 @@ rank that exits, with any code, stops no other; the members go on without it, an
 line of theirs. Every rank gets MCCL_ELASTIC=1 and, with ``--min-nodes K``, MCCL_ELASTIC_MIN_MEMBERS (K times
 the ranks of a node; with ``--local N`` each rank counts as a node), which ``ElasticManager.from_env`` reads: fewer
 members end the job. The exit code is rank 0's (host 0 serves the Store and must stay); the last line lists the
-membership changes, or says that the job ended because fewer members than the minimum remained. A host that
-left joins again with `mccl join`; `mccl leave` asks one to leave. Both are in this module too:
+membership changes, or says that the job ended because fewer members than the minimum remained. Over ssh, a
+host that left without being asked (its ranks exited with a non-zero code) starts again as a joiner once it
+answers ``ssh HOST true`` (`lightning_mccl.launcher.elastic.Rejoins`). `mccl leave` asks a host to leave, and
+`mccl join` starts one as a joiner by hand; both are in this module too:
 
 `mccl leave (--hostfile F HOST | --master ADDR:PORT MEMBER)` writes one request per member to the leave log in
 the job's Store on host 0 (the hostfile's host 0 and its master_port, or --master-port; or ADDR:PORT: a
@@ -75,7 +77,7 @@ job was launched with: --nproc-per-node, --master-port, --env, --min-nodes), plu
 MCCL_ELASTIC_JOIN=1, which makes ``ElasticManager.from_env`` register them as joiners at the job's Store: the
 members admit them at a step boundary and send them the training state. Host 0 cannot join (it serves the
 Store). With ``--local N`` the job is one on this machine, on --master-port. Output and exit code as `mccl
-launch`'s. A host that left is not started again by the launcher: `mccl join` it once it is back.
+launch`'s.
 """
 from __future__ import annotations
 
@@ -108,7 +110,8 @@ exit code: the first failing rank's (the others are stopped at once), 130 after 
 attempt); the exit code is then the last attempt's.
 --elastic [--min-nodes K] (a program using lightning_mccl.elastic): a rank that exits stops no other; each
 membership change is one line; the exit code is rank 0's, and the last line lists who left and joined, and why,
-or says that fewer than the minimum remained. mccl leave asks a host to leave; mccl join starts one again.
+or says that fewer than the minimum remained. Over ssh, a host whose ranks exited with a non-zero code starts
+again as a joiner once it answers ssh. mccl leave asks a host to leave; mccl join starts one by hand.
 """
 
 JOIN_EPILOG = """\

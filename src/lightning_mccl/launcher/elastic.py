@@ -5,13 +5,17 @@ The members of an elastic job decide together, through host 0's Store, who is in
 the launcher's part:
 
 - `elastic_plan`: a plan whose ranks go on when one exits (the supervisor runs them without fail-fast) and
-  know it (`LaunchPlan.rank_env`), with ``--min-nodes K`` checked against the job's nodes and passed on as the fewest
-  members the job goes on with (K times the ranks of one node; with ``--local N``, one node of N ranks, each
-  rank counts as a node);
+  know it (`LaunchPlan.rank_env`), with ``--min-nodes K`` checked against the job's nodes and passed on as the
+  fewest members the job goes on with (K times the ranks of one node; with ``--local N``, one node of N ranks,
+  each rank counts as a node);
 - `join_plan`: one host's ranks, started as joiners of the running job;
 - `MembershipLines`: an output stage that keeps the membership changes the members print (one line each, from
   the new quorum's first member) for the launcher's last line, `last_line`;
 - `host_zero_outcome`: the job's exit code is host 0's rank's (it serves the Store and ends last);
+- `Rejoins` (over ssh): a host that left without being asked (its ranks exited with a non-zero code: it crashed,
+  lost its network, slept and was taken out) is probed with ``ssh HOST true`` every REJOIN_PROBE_S seconds
+  while rank 0 runs, and once it answers its ranks start again as joiners, at most REJOINS_PER_HOST times; a
+  host that left as asked (exit code 0: `mccl leave`, SIGTERM) stays out;
 - `leave_targets` and `ask_to_leave`: the members `mccl leave` names, and the requests it writes to the job's
   leave log. The Store holds nothing secret (docs/reliability.md, *Security*): writing to it needs only its
   address.
@@ -20,14 +24,20 @@ from __future__ import annotations
 
 import re
 import socket
+import subprocess
+import time
+from collections import Counter
 from dataclasses import replace
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .launch_plan import LOCAL_HOST_NAME, LaunchError, LaunchPlan
+from .launch_plan import LOCAL_HOST_NAME, LaunchError, LaunchPlan, ssh_argv
 from .prefixed_output import OutputStage
+from .rank_process import RankSpec
 from .supervisor import Outcome, RankExit
 from .terminal import visible
 
+REJOIN_PROBE_S = 10.0  # between ssh probes of a host that left
+REJOINS_PER_HOST = 3  # the most times one host's ranks are started again
 LEAVE_TIMEOUT_S = 10.0  # how long `mccl leave` tries to reach the job's Store
 LEAVE_WHY = "mccl leave"  # the reason the members' line gives for a member `mccl leave` asked to leave
 # A membership change as a member prints it (ElasticManager._announce), and the class name rank 0's error
@@ -128,6 +138,78 @@ class MembershipLines(OutputStage):
         return f"{head}{failure}" + (f"; changes before: {changes}" if self.changes else "")
 
 
+class Rejoins(OutputStage):
+    """An output stage of an elastic job over ssh that sees every rank exit (see the module docstring); `due()`,
+    which the supervisor polls, probes the hosts that left and returns the ranks to start again. `close()` ends
+    the probes still running."""
+
+    def __init__(self, output, plan: LaunchPlan, log: Callable[[str], None], probe_s: float = REJOIN_PROBE_S):
+        super().__init__(output)
+        self._plan, self._log, self._probe_s = plan, log, probe_s
+        self._running = Counter({h.name: plan.nproc_per_node for h in plan.hosts})
+        self._codes: Dict[str, List[int]] = {h.name: [] for h in plan.hosts}
+        self._next_probe: Dict[str, float] = {}  # the hosts that left: when to probe each next
+        self._probes: Dict[str, subprocess.Popen] = {}
+        self._restarts: Counter = Counter()
+        self._left: List[str] = []  # the hosts that left since the last `due`, said there (after the exit's line)
+        self._zero_ended = False
+
+    def rank_exited(self, spec, code) -> None:
+        host = spec.host
+        self._running[host] -= 1
+        self._codes[host].append(code)
+        if spec.rank == 0:
+            self._zero_ended = True
+        elif self._running[host] == 0 and any(c != 0 for c in self._codes[host]):
+            self._left.append(host)
+        self.forward("rank_exited", spec, code)
+
+    def due(self) -> List[RankSpec]:
+        """The ranks of the hosts that answered ssh since the last call, as joiners."""
+        specs: List[RankSpec] = []
+        if self._zero_ended:
+            return specs
+        for host in self._left:
+            if self._restarts[host] < REJOINS_PER_HOST:
+                self._log(f"{host} left (its ranks exited with code {', '.join(map(str, self._codes[host]))}): "
+                          f"starting it again as a joiner once it answers ssh")
+                self._next_probe[host] = time.monotonic()
+            else:
+                self._log(f"{host} left again after {REJOINS_PER_HOST} restarts: not starting it again (`mccl join` "
+                          f"does it by hand)")
+        self._left.clear()
+        for host, at in list(self._next_probe.items()):
+            probe = self._probes.get(host)
+            if probe is None:
+                if time.monotonic() >= at:
+                    self._probes[host] = subprocess.Popen(
+                        ssh_argv(self._plan.ssh, host, ["true"]), stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                continue
+            if probe.poll() is None:
+                continue
+            del self._probes[host]
+            if probe.returncode != 0:
+                self._next_probe[host] = time.monotonic() + self._probe_s
+                continue
+            del self._next_probe[host]
+            self._restarts[host] += 1
+            self._codes[host] = []
+            joiners = replace(self._plan, joining=host).rank_specs()
+            self._running[host] = len(joiners)
+            self._log(f"{host} answers ssh again: starting it as a joiner ({_plural(len(joiners), 'rank')}; restart "
+                      f"{self._restarts[host]} of at most {REJOINS_PER_HOST})")
+            specs += joiners
+        return specs
+
+    def close(self) -> None:
+        for probe in self._probes.values():
+            if probe.poll() is None:
+                probe.kill()
+            probe.wait()
+        self._probes.clear()
+
+
 def leave_targets(plan: Optional[LaunchPlan], who: str, source: str) -> List[str]:
     """The members `who` names: a host of `plan` (its launched ranks, m<rank>), or a member id (m<rank>, j<k>, as
     the members' lines name them). LaunchError for anything else, and for host 0's member, which must stay."""
@@ -143,7 +225,8 @@ def leave_targets(plan: Optional[LaunchPlan], who: str, source: str) -> List[str
     else:
         raise LaunchError(f"{who} is not a member id (m<rank>, j<k>, as the members' lines name them)")
     if member_id(0) in members:
-        raise LaunchError(f"{who} runs {member_id(0)}, host 0's member: it serves the job's Store and must stay for the whole job")
+        raise LaunchError(f"{who} runs {member_id(0)}, host 0's member: it serves the job's Store and must stay for "
+                          f"the whole job")
     return members
 
 
@@ -179,5 +262,5 @@ def ask_to_leave(addr: str, port: int, members: Sequence[str], timeout: float = 
         request_leave(board, m, why)
 
 
-__all__ = ["LEAVE_TIMEOUT_S", "LeaveError", "MembershipLines", "ask_to_leave", "elastic_plan", "host_zero_outcome",
-           "join_plan", "leave_targets", "node_count"]
+__all__ = ["LEAVE_TIMEOUT_S", "REJOIN_PROBE_S", "REJOINS_PER_HOST", "LeaveError", "MembershipLines", "Rejoins",
+           "ask_to_leave", "elastic_plan", "host_zero_outcome", "join_plan", "leave_targets", "node_count"]

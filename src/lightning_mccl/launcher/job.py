@@ -7,8 +7,9 @@ again (`LaunchPlan.next_attempt`: restart + 1, a fresh port for ``--local`` unle
 ends the job, also one that came while the ranks stopped after a failure. Its last log line says how the
 job ended, with the failed rank's first error or last line; `JobResult.summary` is rank 0's fit summary
 (`fleet_summary`), for the caller to print after that line. An elastic plan (`elastic`) runs its ranks
-without fail-fast: a rank that exits is a member that left, the job's exit code is rank 0's, and the last line
-lists every membership change the members printed.
+without fail-fast: a rank that exits is a member that left, a host that left without being asked starts again
+as a joiner once it answers ssh (`elastic.Rejoins`), the job's exit code is rank 0's, and the last line lists
+every membership change the members printed.
 
 The output of an attempt, outermost first (`job_output`): every rank's last lines (`error_line.RankTails`),
 an elastic job's membership changes (`elastic.MembershipLines`),
@@ -24,7 +25,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
-from .elastic import MembershipLines, host_zero_outcome
+from .elastic import MembershipLines, Rejoins, host_zero_outcome
 from .error_line import RankTails, is_peer_loss
 from .fleet_summary import SummaryTap, rank_env as summary_env
 from .launch_plan import LaunchPlan
@@ -95,7 +96,13 @@ def run_job(plan: LaunchPlan, *, log: Callable[[str], None], fresh_port: bool = 
         job = job_output(plan, progress_every)
         output, summary = job.stages, job.summary
         log = _clearing(launcher_log, job.terminal)
-        outcome = supervise(plan, log=log, output=output, fail_fast=not plan.elastic)
+        rejoins = Rejoins(output, plan, log) if plan.elastic and plan.joining is None and plan.ssh else None
+        try:
+            outcome = supervise(plan, log=log, output=rejoins or output, fail_fast=not plan.elastic,
+                                more=rejoins.due if rejoins else None)
+        finally:
+            if rejoins is not None:
+                rejoins.close()
         if plan.elastic and plan.joining is None:
             outcome = host_zero_outcome(outcome)
         if outcome.reason != "failed" or outcome.signal is not None or plan.restart >= plan.max_restarts:
