@@ -153,6 +153,7 @@ def _kill_member_2(job: ElasticJob) -> None:
 needs_proc = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds a rank's pid in /proc")
 
 
+@pytest.mark.slow
 @needs_proc
 def test_a_member_killed_mid_step_the_others_finish_and_the_launcher_exits_0(elastic_job):
     job = elastic_job(3, "--min-nodes", "2", PAUSE_MEMBER="m2", PAUSE_AT=PAUSE_AT)
@@ -168,6 +169,7 @@ def test_a_member_killed_mid_step_the_others_finish_and_the_launcher_exits_0(ela
         assert job.result(member)["steps"] == STEPS
 
 
+@pytest.mark.slow
 @needs_proc
 def test_fewer_members_than_min_nodes_end_the_job_with_one_clear_line(elastic_job):
     job = elastic_job(3, "--min-nodes", "3", PAUSE_MEMBER="m2", PAUSE_AT=PAUSE_AT)
@@ -183,6 +185,7 @@ def test_fewer_members_than_min_nodes_end_the_job_with_one_clear_line(elastic_jo
     assert not list(job.out.glob("m*.json")), "no member finished training"
 
 
+@pytest.mark.slow
 @needs_proc
 def test_mccl_leave_makes_one_member_leave_and_the_others_finish(elastic_job):
     job = elastic_job(3, PAUSE_MEMBER="m1", PAUSE_AT=PAUSE_AT)
@@ -202,6 +205,7 @@ def test_mccl_leave_makes_one_member_leave_and_the_others_finish(elastic_job):
     assert job.result("m0")["steps"] == job.result("m2")["steps"] == STEPS
 
 
+@pytest.mark.slow
 @needs_proc
 def test_a_rank_started_by_mccl_join_is_admitted_and_ends_with_the_others(elastic_job, tmp_path):
     job = elastic_job(2, AWAIT_JOIN_AT=PAUSE_AT)
@@ -225,6 +229,7 @@ def test_a_rank_started_by_mccl_join_is_admitted_and_ends_with_the_others(elasti
     assert job.result("j1")["first_step"] == PAUSE_AT + 1 and job.result("j1")["steps"] == STEPS
 
 
+@pytest.mark.slow
 @needs_proc
 def test_over_ssh_a_host_whose_rank_was_killed_is_started_again_as_a_joiner(elastic_job, tmp_path):
     fleet = tmp_path / "fleet.yaml"
