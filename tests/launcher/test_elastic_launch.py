@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -180,8 +181,8 @@ def test_fewer_members_than_min_nodes_end_the_job_with_one_clear_line(elastic_jo
         "mccl: the elastic job ended because fewer members remain than its minimum (--min-nodes); rank 0 on local "
         "exited with code 1; its first error: lightning_mccl.elastic.errors.TooFewMembers: mccl elastic: the job "
         f"ends at step {PAUSE_AT} (round "), last
-    assert last.endswith("2 members remain, fewer than the minimum of 3 (removed: m2: a collective failed on it and "
-                         "its heartbeat stopped (0.5 s))"), last
+    assert re.search(r"2 members remain, fewer than the minimum of 3 \(removed: m2: a collective failed on it and "
+                     r"its heartbeat stopped \([0-9.]+ s\)\)$", last), last
     assert not list(job.out.glob("m*.json")), "no member finished training"
 
 

@@ -6,7 +6,6 @@ over ssh or inside a network namespace) and the plans for ``--local``, ``--switc
 from __future__ import annotations
 
 import base64
-import dataclasses
 import os
 import re
 import shlex
@@ -233,7 +232,7 @@ def with_launched_minimum(settings: Settings, environ: Optional[Mapping[str, str
     if value < 1:
         raise ValueError(f"{MIN_MEMBERS_VAR}={text!r} is not a positive number of members (mccl launch --elastic "
                          f"--min-nodes sets it)")
-    return dataclasses.replace(settings, min_members=value)
+    return replace(settings, min_members=value)
 
 
 def launched_as_joiner(environ: Optional[Mapping[str, str]] = None) -> bool:
