@@ -2,11 +2,15 @@
 
     mccl launch --hostfile fleet.yaml -- python train.py fit --config vit.yaml
     mccl launch --local 2 -- python train.py fit --config vit.yaml
+    mccl launch --hostfile fleet.yaml --elastic --min-nodes 2 -- python train.py  # goes on when a Mac leaves
+    mccl leave --hostfile fleet.yaml studio-03                                    # ask a Mac to leave that job
+    mccl join --hostfile fleet.yaml studio-03 -- python train.py                  # start it again, as a joiner
     mccl doctor --hostfile fleet.yaml          # or --local 2
     mccl switch up --hosts 4 --rate 1gbit      # an emulated fleet on this Linux machine (root)
 
-`launch` runs a command on every rank of the fleet (see `lightning_mccl.cli.launch`); `doctor` checks the
-fleet and measures its links with the mccl engine (see `lightning_mccl.cli.doctor`); `switch` builds an
+`launch` runs a command on every rank of the fleet (see `lightning_mccl.cli.launch`); `leave` asks a host to leave
+a running elastic job and `join` starts one as a joiner of it (both in `lightning_mccl.cli.launch`); `doctor`
+checks the fleet and measures its links with the mccl engine (see `lightning_mccl.cli.doctor`); `switch` builds an
 emulated fleet (see `lightning_mccl.cli.switch`); `plan` predicts a fleet's training step. These modules are
 thin front ends: argument parsing (their shared types: `arg_types`, `fleet_args`) and printing (`console`);
 the launcher itself is the library `lightning_mccl.launcher`. Nothing outside this package imports it, but
@@ -26,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="mccl", description="Run and check PyTorch training across a fleet of Macs (the mccl backend).")
-    sub = parser.add_subparsers(dest="subcommand", metavar="{launch,doctor,switch,plan}", required=True)
+    sub = parser.add_subparsers(dest="subcommand", metavar="{launch,leave,join,doctor,switch,plan}", required=True)
     p = sub.add_parser(
         "launch", help="run a command on every rank (one process per host, over ssh; or --local N)",
         description="Run COMMAND as every rank of the fleet, with torchrun's environment variables.",
@@ -34,6 +38,22 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=launch.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     launch.add_arguments(p)
     p.set_defaults(run=launch.run, subparser=p)
+    p = sub.add_parser(
+        "leave", help="ask a host (or a member) of a running elastic job to leave it",
+        description="Ask the members a host runs (or one member) to leave a running elastic job (mccl launch "
+                    "--elastic) at their next step boundary, through the job's Store on host 0.",
+        usage="mccl leave (--hostfile FILE | --master ADDR:PORT) [options] HOST|MEMBER",
+        epilog=launch.LEAVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    launch.add_leave_arguments(p)
+    p.set_defaults(run=launch.run_leave, subparser=p)
+    p = sub.add_parser(
+        "join", help="start a host's ranks as joiners of a running elastic job",
+        description="Start HOST's ranks (or, with --local N, N ranks of this machine) as joiners of the running "
+                    "elastic job whose host 0 serves the Store, with the job's command.",
+        usage="mccl join (--hostfile FILE HOST | --local N --master-port PORT) [options] -- COMMAND ...",
+        epilog=launch.JOIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    launch.add_arguments(p, joining=True)
+    p.set_defaults(run=launch.run_join, subparser=p)
     p = sub.add_parser(
         "doctor", help="check the hosts, then measure latency and bandwidth between them with mccl",
         description="Check ssh, versions and the master port on every host, then measure every pair of "

@@ -94,3 +94,11 @@ def mib(text: str) -> float:
     if not value * (1 << 20) >= 4:
         raise argparse.ArgumentTypeError(f"must be at least 4 bytes, got {text} MiB")
     return value
+
+
+def address_port(text: str):
+    """ADDR:PORT (the last colon splits them), as (addr, port)."""
+    addr, sep, number = text.rpartition(":")
+    if not sep or not addr:
+        raise argparse.ArgumentTypeError(f"{text!r} is not ADDR:PORT, e.g. 10.0.0.11:29500")
+    return addr, port(number)

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..launcher.launch_plan import launched_as_joiner, with_launched_minimum
 from ..rendezvous import rendezvous
 from . import fingerprint, state_transfer
 from .board import Board, Pauses
@@ -130,9 +131,10 @@ class ElasticManager:
     def from_env(cls, sampler: ElasticSampler, state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None],
                  *, join: bool = False, settings: Optional[ElasticSettings] = None, **kwargs) -> "ElasticManager":
         """A member started by a launcher (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE: every initial member
-        waits at the rendezvous for all of them), or with `join=True` a process joining a running job. `kwargs`
-        go to the constructor (`config`, `say`, `leave_on_sigterm`)."""
-        settings = settings or ElasticSettings()
+        waits at the rendezvous for all of them), or with `join=True` a process joining a running job. What
+        `mccl launch --elastic` and `mccl join` say win: the minimum of members, and joining (launch_plan).
+        `kwargs` go to the constructor (`config`, `say`, `leave_on_sigterm`)."""
+        settings, join = with_launched_minimum(settings or ElasticSettings()), join or launched_as_joiner()
         addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         timeout = settings.group_timeout
 

@@ -6,9 +6,13 @@ are left, it stops the others, logs why (the failed rank's first error, `error_l
 again (`LaunchPlan.next_attempt`: restart + 1, a fresh port for ``--local`` unless one was given). A signal
 ends the job, also one that came while the ranks stopped after a failure. Its last log line says how the
 job ended, with the failed rank's first error or last line; `JobResult.summary` is rank 0's fit summary
-(`fleet_summary`), for the caller to print after that line.
+(`fleet_summary`), for the caller to print after that line. An elastic plan (`elastic`) runs its ranks
+without fail-fast: a rank that exits is a member that left, a host that left without being asked starts again
+as a joiner once it answers ssh (`elastic.Rejoins`), the job's exit code is rank 0's, and the last line lists
+every membership change the members printed.
 
 The output of an attempt, outermost first (`job_output`): every rank's last lines (`error_line.RankTails`),
+an elastic job's membership changes (`elastic.MembershipLines`),
 one line per stopped rank (`quiet_stop`), one line for a traceback that only says a peer went away
 (`peer_loss`), a line printed alike by several ranks once (`same_lines`), rank
 0's summary kept for the end (`fleet_summary`), progress bars live or now and then (`progress`), prefixed
@@ -21,6 +25,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
+from .elastic import MembershipLines, Rejoins, host_zero_outcome
 from .error_line import RankTails, is_peer_loss
 from .fleet_summary import SummaryTap, rank_env as summary_env
 from .launch_plan import LaunchPlan
@@ -45,6 +50,7 @@ class JobOutput:
     stages: RankTails  # the outermost stage: what the Supervisor writes to
     summary: SummaryTap
     terminal: PrefixedOutput  # the innermost: clear_live() before a message of the launcher's own
+    membership: Optional[MembershipLines] = None  # an elastic job's membership changes
 
 
 def job_output(plan: LaunchPlan, progress_every: float = PROGRESS_EVERY_S) -> JobOutput:
@@ -52,7 +58,8 @@ def job_output(plan: LaunchPlan, progress_every: float = PROGRESS_EVERY_S) -> Jo
     terminal = PrefixedOutput(plan.rank_specs())
     summary = SummaryTap(ProgressLines(terminal, progress_every))
     stages = summary if wants_everything() else QuietStop(PeerLoss(SameLines(summary)))
-    return JobOutput(RankTails(stages), summary, terminal)
+    membership = MembershipLines(stages) if plan.elastic else None
+    return JobOutput(RankTails(membership or stages), summary, terminal, membership)
 
 
 def failure_line(outcome: Outcome, output: RankTails) -> str:
@@ -89,7 +96,15 @@ def run_job(plan: LaunchPlan, *, log: Callable[[str], None], fresh_port: bool = 
         job = job_output(plan, progress_every)
         output, summary = job.stages, job.summary
         log = _clearing(launcher_log, job.terminal)
-        outcome = supervise(plan, log=log, output=output)
+        rejoins = Rejoins(output, plan, log) if plan.elastic and plan.joining is None and plan.ssh else None
+        try:
+            outcome = supervise(plan, log=log, output=rejoins or output, fail_fast=not plan.elastic,
+                                more=rejoins.due if rejoins else None)
+        finally:
+            if rejoins is not None:
+                rejoins.close()
+        if plan.elastic and plan.joining is None:
+            outcome = host_zero_outcome(outcome)
         if outcome.reason != "failed" or outcome.signal is not None or plan.restart >= plan.max_restarts:
             break  # a signal ends the job, also one that came while the ranks stopped after a failure
         f = outcome.failed
@@ -97,7 +112,9 @@ def run_job(plan: LaunchPlan, *, log: Callable[[str], None], fresh_port: bool = 
         log(f"rank {f.spec.rank} on {f.spec.host} failed with exit code {f.returncode}: restarting all "
             f"{plan.world_size} ranks (restart {plan.restart} of {plan.max_restarts}, master port {plan.master_port})"
             f"{failure_line(outcome, output)}")
-    if outcome.reason == "ok":
+    if job.membership is not None and plan.joining is None and outcome.reason in ("ok", "failed"):
+        log(job.membership.last_line(plan, outcome, failure_line(outcome, output) if outcome.failed else ""))
+    elif outcome.reason == "ok":
         log(f"all {plan.world_size} ranks finished" + (f" (after {plan.restart} restart{'s' if plan.restart > 1 else ''})"
                                                        if plan.restart else ""))
     elif outcome.reason == "failed":

@@ -14,7 +14,7 @@ import sys
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 from ..hostfile import Host, Hostfile, check_addresses, load_hostfile
 from ..switch.netns import exec_argv as netns_exec_argv
@@ -25,11 +25,19 @@ DEFAULT_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=
 DEFAULT_GRACE_S = 10.0
 LOCAL_ADDR = "127.0.0.1"
 LOCAL_HOST_NAME = "local"
-# Set per host or per attempt by the launcher, so never copied from the launcher's own environment.
-PER_HOST_VARS = ("MCCL_SOCKET_IFNAME", "MCCL_NODE_RANK", "MCCL_RESTART_COUNT", "MCCL_MAX_RESTARTS")
+# What an elastic job's ranks get (`elastic`; read by `ElasticManager.from_env` through `with_launched_minimum` and
+# `launched_as_joiner`): MCCL_ELASTIC=1; the fewest members the job goes on with (--min-nodes K times the ranks
+# of a node), only when --min-nodes is given; MCCL_ELASTIC_JOIN=1 for a rank `mccl join` starts.
+ELASTIC_VAR = "MCCL_ELASTIC"
+MIN_MEMBERS_VAR = "MCCL_ELASTIC_MIN_MEMBERS"
+JOIN_VAR = "MCCL_ELASTIC_JOIN"
+ELASTIC_VARS = (ELASTIC_VAR, MIN_MEMBERS_VAR, JOIN_VAR)
+# Set per host, per attempt or per job by the launcher, so never copied from the launcher's own environment.
+PER_HOST_VARS = ("MCCL_SOCKET_IFNAME", "MCCL_NODE_RANK", "MCCL_RESTART_COUNT", "MCCL_MAX_RESTARTS", *ELASTIC_VARS)
 # `python -c` program that runs the rank shim's source, passed (base64) as its first argument.
 SHIM_BOOTSTRAP = "import base64,sys;exec(base64.b64decode(sys.argv[1]))"
 _PYTHON_WORD = re.compile(r"python(3(\.\d+)?)?")
+Settings = TypeVar("Settings")
 
 
 class LaunchError(ValueError):
@@ -80,7 +88,9 @@ def resolve_command(command: Sequence[str], python: str) -> Tuple[List[str], boo
 class LaunchPlan:
     """Where and how every rank runs. ``ssh=None``: all hosts are this machine (``--local``), or network
     namespaces of it (``netns``: host i's ranks run in namespace netns[i], see `lightning_mccl.switch`).
-    ``env`` (the ``--env`` variables, maybe an API token) is left out of the repr."""
+    ``env`` (the ``--env`` variables, maybe an API token) is left out of the repr. ``elastic``: the ranks go on
+    when one exits (`elastic`), and go on with at least ``min_members`` (None: the elastic layer's default);
+    ``joining``: only that host's ranks run, joining the running job (`mccl join`)."""
 
     hosts: Tuple[Host, ...]
     command: Tuple[str, ...]
@@ -96,6 +106,9 @@ class LaunchPlan:
     max_restarts: int = 0
     caffeinate: str = "auto"  # the rank shim's MCCL_CAFFEINATE: auto (macOS hosts), on, off
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # one per job, kept by restarts
+    elastic: bool = False
+    min_members: Optional[int] = None
+    joining: Optional[str] = None
 
     @property
     def world_size(self) -> int:
@@ -143,6 +156,12 @@ class LaunchPlan:
             "MCCL_HOSTS": ",".join(h.name for h in self.hosts),  # host of rank r: r // LOCAL_WORLD_SIZE
             "MCCL_CAFFEINATE": self.caffeinate,
         })
+        if self.elastic:
+            env[ELASTIC_VAR] = "1"
+            if self.min_members is not None:
+                env[MIN_MEMBERS_VAR] = str(self.min_members)
+            if self.joining is not None:
+                env[JOIN_VAR] = "1"
         ifname = self.hosts[node_rank].ifname
         if ifname:
             env["MCCL_SOCKET_IFNAME"] = ifname
@@ -152,6 +171,8 @@ class LaunchPlan:
         specs = []
         shim = shim_argv(self.python)
         for node_rank, host in enumerate(self.hosts):
+            if self.joining is not None and host.name != self.joining:
+                continue
             for local_rank in range(self.nproc_per_node):
                 rank = node_rank * self.nproc_per_node + local_rank
                 spec = shim_input(argv=self.command, cwd=self.cwd, label=f"{host.name} r{rank}",
@@ -195,6 +216,29 @@ class LaunchPlan:
         else:
             where = f"on {len(self.hosts)} host{'s' if len(self.hosts) != 1 else ''} × {self.nproc_per_node}"
         return f"{ranks} {where} (master {self.master_addr}:{self.master_port})"
+
+
+def with_launched_minimum(settings: Settings, environ: Optional[Mapping[str, str]] = None) -> Settings:
+    """A rank's side: `settings` (an `ElasticSettings`) with ``min_members`` from MCCL_ELASTIC_MIN_MEMBERS when
+    the launcher set it; ValueError naming the variable when it is not a positive integer."""
+    environ = os.environ if environ is None else environ
+    text = environ.get(MIN_MEMBERS_VAR, "")
+    if not text:
+        return settings
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{MIN_MEMBERS_VAR}={text!r} is not a positive number of members (mccl launch --elastic "
+                         f"--min-nodes sets it)")
+    return replace(settings, min_members=value)
+
+
+def launched_as_joiner(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """A rank's side: whether `mccl join` started it (MCCL_ELASTIC_JOIN=1)."""
+    environ = os.environ if environ is None else environ
+    return environ.get(JOIN_VAR, "") == "1"
 
 
 def local_plan(num: int, command: Sequence[str], *, master_port: Optional[int] = None, **kwargs) -> LaunchPlan:

@@ -10,7 +10,8 @@ running the shim on the remote host otherwise: only the argv differs), and then,
 - notices the first rank that exits with a non-zero code and stops all the others (``fail_fast``);
 - on SIGINT / SIGTERM / SIGHUP sends INT (for SIGINT) or TERM to every rank; a second signal kills them;
 - escalates to KILL when ranks are still running ``grace`` seconds after being asked to stop;
-- reports the outcome: the first failure's exit code, 128 + N after signal N, 124 after ``timeout``.
+- reports the outcome: the first failure's exit code, 128 + N after signal N, 124 after ``timeout``;
+- starts the ranks ``more()`` returns while it runs and stops nothing (an elastic job's hosts that come back).
 
 Ranks are controlled only through their stdin (see `rank_shim`): the launcher writes ``INT``, ``TERM`` or
 ``KILL``, and closing it (or this process dying, however it dies) makes the shim terminate the rank. Every
@@ -74,6 +75,7 @@ class Supervisor:
         fail_fast: bool = True,
         timeout: Optional[float] = None,
         explain_exit: Optional[Callable[[RankSpec, int], Optional[str]]] = None,
+        more: Optional[Callable[[], Sequence[RankSpec]]] = None,
     ):
         ranks = list(ranks)
         if not ranks:
@@ -87,6 +89,7 @@ class Supervisor:
         self.fail_fast = fail_fast
         self.timeout = timeout
         self.explain_exit = explain_exit
+        self.more = more
 
     # -- the loop ------------------------------------------------------------------------------------------
 
@@ -110,6 +113,7 @@ class Supervisor:
                     self._reap()
                     self._handle_signals()
                     self._check_deadlines()
+                    self._start_more()
                 self._handle_signals()  # one that came before any rank started
                 self._drain()
                 self._output_hook("finish")
@@ -123,16 +127,28 @@ class Supervisor:
 
     def _start_all(self) -> None:
         for r in self._ranks:
-            if self._signals:
+            if self._signals or not self._start(r):
                 break
-            try:
-                r.start()
-            except OSError as e:
-                self._start_error = 127 if isinstance(e, FileNotFoundError) else 126
-                self.log(f"cannot start rank {r.spec.rank} on {r.spec.host}: {e}")
-                self._stop("TERM", "a rank could not be started")
+
+    def _start(self, r: RankProcess) -> bool:
+        try:
+            r.start()
+        except OSError as e:
+            self._start_error = 127 if isinstance(e, FileNotFoundError) else 126
+            self.log(f"cannot start rank {r.spec.rank} on {r.spec.host}: {e}")
+            self._stop("TERM", "a rank could not be started")
+            return False
+        self._selector.register(r.proc.stdout, selectors.EVENT_READ, r)
+        return True
+
+    def _start_more(self) -> None:
+        if self.more is None or self._stop_reason is not None or self._signals:
+            return
+        for spec in self.more():
+            r = RankProcess(spec)
+            self._ranks.append(r)
+            if not self._start(r):
                 return
-            self._selector.register(r.proc.stdout, selectors.EVENT_READ, r)
 
     def _pump(self, timeout: float) -> None:
         for key, _ in self._selector.select(timeout):
@@ -307,7 +323,7 @@ class Supervisor:
 
 def supervise(plan, *, log: Optional[Callable[[str], None]] = None, **kwargs) -> Outcome:
     """Runs every rank of `plan` (a `LaunchPlan`) under a Supervisor with the plan's grace and exit hints;
-    kwargs: output, fail_fast, timeout."""
+    kwargs: output, fail_fast, timeout, more."""
     return Supervisor(plan.rank_specs(), log=log, grace=plan.grace, explain_exit=plan.explain_exit, **kwargs).run()
 
 

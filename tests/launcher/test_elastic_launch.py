@@ -1,0 +1,251 @@
+"""`mccl launch --elastic`, `mccl leave` and `mccl join`: bad input refused with a message naming the cause (in
+process), and real elastic jobs of tests/elastic/elastic_rank.py (torch's DDP over the elastic group) under the
+installed `mccl` script: a member killed with SIGKILL mid-step while the others wait for it in the step's
+allreduce (the others finish every epoch and the launcher exits 0 with the membership line; with --min-nodes 3
+the job ends with the one clear line and rank 0's exit code), a member asked to leave by `mccl leave` (it exits 0,
+the others finish), a rank started by `mccl join` that the others admit, and, over the fake ssh, a host whose
+rank was killed started again as a joiner once it answers ssh."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cli_runner import MCCL, env_with_fake_ssh, require_script, run_mccl
+from lightning_mccl.cli import main
+from lightning_mccl.launcher import free_port
+
+ELASTIC_RANK = str(Path(__file__).resolve().parents[1] / "elastic" / "elastic_rank.py")
+STEPS = 36  # elastic_rank.py's 3 epochs of 12 steps
+PAUSE_AT = 5
+START_S = 60.0  # until the paused member says so
+END_S = 90.0  # then until the launcher exits
+
+
+@pytest.mark.parametrize("args, message", [
+    (["launch", "--local", "3", "--min-nodes", "2", "--", "true"],
+     "--min-nodes 2 needs --elastic (without it, the first rank to exit ends the job)"),
+    (["launch", "--local", "3", "--elastic", "--min-nodes", "0", "--", "true"],
+     "argument --min-nodes: must be at least 1, got 0"),
+    (["launch", "--local", "3", "--elastic", "--min-nodes", "4", "--", "true"],
+     "--min-nodes 4 is more than the 3 ranks of --local 3: the job would end at once"),
+    (["launch", "--local", "2", "--nproc-per-node", "2", "--elastic", "--min-nodes", "3", "--", "true"],
+     "--min-nodes 3 is more than the 2 nodes of --local 2: the job would end at once"),
+    (["launch", "--hostfile", "{fleet}", "--elastic", "--min-nodes", "4", "--", "true"],
+     "--min-nodes 4 is more than the 3 hosts of {fleet}: the job would end at once"),
+    (["launch", "--local", "3", "--elastic", "--max-restarts", "1", "--", "true"],
+     "--max-restarts restarts every rank after a failure, --elastic goes on without the failed one: give one of them"),
+    (["leave", "--hostfile", "{fleet}", "mac-9"],
+     "mac-9 is not a host of {fleet} (its hosts: mac-0, mac-1, mac-2) nor a member id (m<rank>, j<k>)"),
+    (["leave", "--hostfile", "{fleet}", "mac-0"],
+     "mac-0 runs m0, host 0's member: it serves the job's Store and must stay for the whole job"),
+    (["leave", "--master", "127.0.0.1:29500", "mac-1"], "mac-1 is not a member id (m<rank>, j<k>"),
+    (["leave", "--master", "127.0.0.1", "m1"], "argument --master: '127.0.0.1' is not ADDR:PORT"),
+    (["join", "--hostfile", "{fleet}", "mac-0", "--", "true"],
+     "mac-0 is host 0 of {fleet}: it serves the job's Store, so it cannot join a running job"),
+    (["join", "--hostfile", "{fleet}", "mac-7", "--", "true"],
+     "mac-7 is not a host of {fleet} (its hosts: mac-0, mac-1, mac-2)"),
+    (["join", "--hostfile", "{fleet}", "--", "true"], "give the HOST of {fleet} whose ranks join (one of mac-0, mac-1"),
+    (["join", "--local", "1", "--", "true"], "--local needs --master-port: the running job's port"),
+])
+def test_bad_elastic_input_exits_2_naming_the_cause(tmp_path, capsys, args, message):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("hosts:\n" + "".join(f"  - {{name: mac-{i}, addr: 127.0.0.{i + 1}}}\n" for i in range(3)))
+    assert main([a.format(fleet=fleet) for a in args]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert message.format(fleet=fleet) in err, err
+
+
+def test_leave_names_the_address_when_the_store_cannot_be_reached(capsys):
+    port = free_port()
+    assert main(["leave", "--master", f"127.0.0.1:{port}", "--timeout", "2", "m1"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"cannot reach the job's Store at 127.0.0.1:{port} (timeout 2 s): Connection refused" in err, err
+
+
+class ElasticJob:
+    """`mccl launch --local N --elastic ...` of elastic_rank.py on a free port (or --hostfile with `options` and
+    `env`, the fake ssh's), its output in files."""
+
+    def __init__(self, tmp_path: Path, ranks: int, *options: str, env=None, **scenario):
+        require_script()
+        self.out, self.port = tmp_path, free_port()
+        variables = [f"--env=ELASTIC_{k}={v}" for k, v in {"OUT": tmp_path, **scenario}.items()]
+        where = ["--local", str(ranks)] if ranks else []
+        self.launcher = _start([MCCL, "launch", *where, "--elastic", *options, "--master-port", str(self.port),
+                                *variables, "--", "python", ELASTIC_RANK], tmp_path / "launcher", env)
+
+    def await_file(self, name: str) -> None:
+        deadline = time.monotonic() + START_S
+        while not (self.out / name).exists():
+            if self.launcher.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"{name} was not written within {START_S:g} s\n{self.output()}")
+            time.sleep(0.05)
+
+    def member_pid(self, rank: int) -> int:
+        """The pid of the rank program of `rank` (its environment says ELASTIC_OUT and RANK)."""
+        wanted = {f"ELASTIC_OUT={self.out}".encode(), f"RANK={rank}".encode()}
+        for entry in Path("/proc").iterdir():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+                environ = set((entry / "environ").read_bytes().split(b"\0"))
+            except OSError:
+                continue
+            if b"elastic_rank.py" in cmdline and wanted <= environ:
+                return int(entry.name)
+        self.kill()
+        raise AssertionError(f"no process of rank {rank}\n{self.output()}")
+
+    def wait(self) -> int:
+        try:
+            return self.launcher.wait(END_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"the launcher did not exit within {END_S:g} s\n{self.output()}") from None
+
+    def kill(self) -> None:
+        if self.launcher.poll() is None:
+            os.killpg(self.launcher.pid, signal.SIGKILL)
+            self.launcher.wait()
+
+    def stdout(self) -> str:
+        return (self.out / "launcher.out").read_text()
+
+    def stderr(self) -> str:
+        return (self.out / "launcher.err").read_text()
+
+    def output(self) -> str:
+        return f"stdout:\n{self.stdout()[-6000:]}\nstderr:\n{self.stderr()}"
+
+    def result(self, member: str) -> dict:
+        return json.loads((self.out / f"{member}.json").read_text())
+
+
+def _start(argv, stem: Path, env=None) -> subprocess.Popen:
+    with open(f"{stem}.out", "w") as out, open(f"{stem}.err", "w") as err:
+        return subprocess.Popen(argv, stdout=out, stderr=err, cwd=stem.parent, env=env, start_new_session=True)
+
+
+@pytest.fixture
+def elastic_job(tmp_path):
+    jobs = []
+
+    def start(*args, **scenario):
+        jobs.append(ElasticJob(tmp_path, *args, **scenario))
+        return jobs[-1]
+
+    yield start
+    for job in jobs:
+        job.kill()
+
+
+def _kill_member_2(job: ElasticJob) -> None:
+    job.await_file("paused")  # m2 waits in its step; m0 and m1 wait for it in the step's allreduce
+    os.kill(job.member_pid(2), signal.SIGKILL)
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds a rank's pid in /proc")
+
+
+@pytest.mark.slow
+@needs_proc
+def test_a_member_killed_mid_step_the_others_finish_and_the_launcher_exits_0(elastic_job):
+    job = elastic_job(3, "--min-nodes", "2", PAUSE_MEMBER="m2", PAUSE_AT=PAUSE_AT)
+    _kill_member_2(job)
+    assert job.wait() == 0, job.output()
+    left = f"step {PAUSE_AT}: m2 left (a collective failed on it and its heartbeat stopped ("
+    assert f"[local r0] mccl elastic: {left}" in job.stdout() and "; 2 members now: m0, m1" in job.stdout(), \
+        job.output()
+    err = job.stderr().strip().splitlines()
+    assert "mccl: rank 2 on local exited with code 137 (killed by SIGKILL)" in err, job.output()
+    assert err[-1].startswith(f"mccl: the elastic job finished with 2 members (m0, m1); changes: {left}"), err[-1]
+    for member in ("m0", "m1"):
+        assert job.result(member)["steps"] == STEPS
+
+
+@pytest.mark.slow
+@needs_proc
+def test_fewer_members_than_min_nodes_end_the_job_with_one_clear_line(elastic_job):
+    job = elastic_job(3, "--min-nodes", "3", PAUSE_MEMBER="m2", PAUSE_AT=PAUSE_AT)
+    _kill_member_2(job)
+    assert job.wait() == 1, job.output()  # rank 0's: it raised TooFewMembers
+    last = job.stderr().strip().splitlines()[-1]
+    assert last.startswith(
+        "mccl: the elastic job ended because fewer members remain than its minimum (--min-nodes); rank 0 on local "
+        "exited with code 1; its first error: lightning_mccl.elastic.errors.TooFewMembers: mccl elastic: the job "
+        f"ends at step {PAUSE_AT} (round "), last
+    assert re.search(r"2 members remain, fewer than the minimum of 3 \(removed: m2: a collective failed on it and "
+                     r"its heartbeat stopped \([0-9.]+ s\)\)$", last), last
+    assert not list(job.out.glob("m*.json")), "no member finished training"
+
+
+@pytest.mark.slow
+@needs_proc
+def test_mccl_leave_makes_one_member_leave_and_the_others_finish(elastic_job):
+    job = elastic_job(3, PAUSE_MEMBER="m1", PAUSE_AT=PAUSE_AT)
+    job.await_file("paused")
+    r = run_mccl("leave", "--master", f"127.0.0.1:{job.port}", "m1", timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stderr.strip() == (f"mccl: asked m1 to leave the job at 127.0.0.1:{job.port}: it leaves at the next "
+                                f"step boundary"), r.stderr
+    (job.out / "go").write_text("1")
+    assert job.wait() == 0, job.output()
+    assert "exited with code" not in job.stderr(), job.output()  # the leaver exited 0
+    err = job.stderr().strip().splitlines()
+    assert err[-1] == (f"mccl: the elastic job finished with 2 members (m0, m2); changes: step {PAUSE_AT + 1}: m1 "
+                       f"left (mccl leave)"), job.output()
+    leaver = job.result("m1")
+    assert leaver["left"] and leaver["steps"] == PAUSE_AT + 1
+    assert job.result("m0")["steps"] == job.result("m2")["steps"] == STEPS
+
+
+@pytest.mark.slow
+@needs_proc
+def test_a_rank_started_by_mccl_join_is_admitted_and_ends_with_the_others(elastic_job, tmp_path):
+    job = elastic_job(2, AWAIT_JOIN_AT=PAUSE_AT)
+    job.await_file("awaiting-join")  # m0 and m1 wait at this step until j1 has posted
+    joiner = _start([MCCL, "join", "--local", "1", "--master-port", str(job.port), f"--env=ELASTIC_OUT={tmp_path}",
+                     "--", "python", ELASTIC_RANK], tmp_path / "joiner")
+    try:
+        code = joiner.wait(END_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(joiner.pid, signal.SIGKILL)
+        joiner.wait()
+        raise AssertionError(f"mccl join did not exit within {END_S:g} s\n{job.output()}") from None
+    joined = (tmp_path / "joiner.out").read_text() + (tmp_path / "joiner.err").read_text()
+    assert code == 0, joined
+    assert job.wait() == 0, job.output()
+    assert f"mccl: joining 1 rank of local to the elastic job at 127.0.0.1:{job.port}" in joined, joined
+    assert "j1 joined; 3 members now: m0, m1, j1" in job.stdout(), job.output()
+    assert job.stderr().strip().splitlines()[-1] == (
+        f"mccl: the elastic job finished with 3 members (m0, m1, j1); changes: step {PAUSE_AT + 1}: j1 joined"), \
+        job.output()
+    assert job.result("j1")["first_step"] == PAUSE_AT + 1 and job.result("j1")["steps"] == STEPS
+
+
+@pytest.mark.slow
+@needs_proc
+def test_over_ssh_a_host_whose_rank_was_killed_is_started_again_as_a_joiner(elastic_job, tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("hosts:\n" + "".join(f"  - {{name: mac-{i}, addr: 127.0.0.1}}\n" if i == 0 else
+                                          f"  - {{name: mac-{i}, addr: 127.0.0.{i + 1}}}\n" for i in range(3)))
+    job = elastic_job(0, "--hostfile", str(fleet), env=env_with_fake_ssh(), PAUSE_MEMBER="m2", PAUSE_AT=PAUSE_AT,
+                      STEP_SLEEP=0.5)  # the steps after the kill leave the joiner time to start
+    _kill_member_2(job)
+    assert job.wait() == 0, job.output()
+    err = job.stderr()
+    assert "mccl: mac-2 left (its ranks exited with code 137): starting it again as a joiner once it answers ssh" \
+        in err, job.output()
+    assert "mccl: mac-2 answers ssh again: starting it as a joiner (1 rank; restart 1 of at most 3)" in err, err
+    assert "[mac-0 r0] mccl elastic: step 5: m2 left (a collective failed on it" in job.stdout(), job.output()
+    assert "j1 joined; 3 members now: m0, m1, j1" in job.stdout(), job.output()
+    assert err.strip().splitlines()[-1].startswith("mccl: the elastic job finished with 3 members (m0, m1, j1); "
+                                                   "changes: step 5: m2 left ("), err
+    assert job.result("j1")["steps"] == job.result("m0")["steps"] == STEPS
