@@ -25,55 +25,51 @@ from typing import List, Optional, Sequence
 __all__ = ["main", "build_parser"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _subcommands():
+    """The registration table: each subcommand's name, its texts for --help, and its front end's
+    `add_arguments(parser)` and `run(args, parser, command)`."""
     from . import doctor, launch, plan, switch
 
+    return [
+        dict(name="launch", add=launch.add_arguments, run=launch.run, epilog=launch.EPILOG,
+             help="run a command on every rank (one process per host, over ssh; or --local N)",
+             description="Run COMMAND as every rank of the fleet, with torchrun's environment variables.",
+             usage="mccl launch (--hostfile FILE | --local N | --switch TAG) [options] -- COMMAND ..."),
+        dict(name="leave", add=launch.add_leave_arguments, run=launch.run_leave, epilog=launch.LEAVE_EPILOG,
+             help="ask a host (or a member) of a running elastic job to leave it",
+             description="Ask the members a host runs (or one member) to leave a running elastic job (mccl launch "
+                         "--elastic) at their next step boundary, through the job's Store on host 0.",
+             usage="mccl leave (--hostfile FILE | --master ADDR:PORT) [options] HOST|MEMBER"),
+        dict(name="join", add=lambda p: launch.add_arguments(p, joining=True), run=launch.run_join,
+             epilog=launch.JOIN_EPILOG, help="start a host's ranks as joiners of a running elastic job",
+             description="Start HOST's ranks (or, with --local N, N ranks of this machine) as joiners of the running "
+                         "elastic job whose host 0 serves the Store, with the job's command.",
+             usage="mccl join (--hostfile FILE HOST | --local N --master-port PORT) [options] -- COMMAND ..."),
+        dict(name="doctor", add=doctor.add_arguments, run=doctor.run, epilog=doctor.epilog(),
+             help="check the hosts, then measure latency and bandwidth between them with mccl",
+             description="Check ssh, versions and the master port on every host, then measure every pair of "
+                         "hosts (ping-pong latency, one-way bandwidth) and the fleet's allreduce, over mccl."),
+        dict(name="switch", add=switch.add_arguments, run=switch.run, epilog=switch.EPILOG,
+             help="emulate a fleet on this Linux machine: hosts on a rate-limited switch (root)",
+             description="An emulated Ethernet switch: N hosts as network namespaces, links shaped with tc."),
+        dict(name="plan", add=plan.add_arguments, run=plan.run, epilog=plan.EPILOG,
+             help="predict the training step of 1-48 Macs from this machine's compute profile",
+             description="Predict each method's training step (DDP, bf16, int8, PowerSGD, DiLoCo) on fleets of N "
+                         "hosts from a compute profile of the model and the link's rate."),
+    ]
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mccl", description="Run and check PyTorch training across a fleet of Macs (the mccl backend).")
-    sub = parser.add_subparsers(dest="subcommand", metavar="{launch,leave,join,doctor,switch,plan}", required=True)
-    p = sub.add_parser(
-        "launch", help="run a command on every rank (one process per host, over ssh; or --local N)",
-        description="Run COMMAND as every rank of the fleet, with torchrun's environment variables.",
-        usage="mccl launch (--hostfile FILE | --local N | --switch TAG) [options] -- COMMAND ...",
-        epilog=launch.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    launch.add_arguments(p)
-    p.set_defaults(run=launch.run, subparser=p)
-    p = sub.add_parser(
-        "leave", help="ask a host (or a member) of a running elastic job to leave it",
-        description="Ask the members a host runs (or one member) to leave a running elastic job (mccl launch "
-                    "--elastic) at their next step boundary, through the job's Store on host 0.",
-        usage="mccl leave (--hostfile FILE | --master ADDR:PORT) [options] HOST|MEMBER",
-        epilog=launch.LEAVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    launch.add_leave_arguments(p)
-    p.set_defaults(run=launch.run_leave, subparser=p)
-    p = sub.add_parser(
-        "join", help="start a host's ranks as joiners of a running elastic job",
-        description="Start HOST's ranks (or, with --local N, N ranks of this machine) as joiners of the running "
-                    "elastic job whose host 0 serves the Store, with the job's command.",
-        usage="mccl join (--hostfile FILE HOST | --local N --master-port PORT) [options] -- COMMAND ...",
-        epilog=launch.JOIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    launch.add_arguments(p, joining=True)
-    p.set_defaults(run=launch.run_join, subparser=p)
-    p = sub.add_parser(
-        "doctor", help="check the hosts, then measure latency and bandwidth between them with mccl",
-        description="Check ssh, versions and the master port on every host, then measure every pair of "
-                    "hosts (ping-pong latency, one-way bandwidth) and the fleet's allreduce, over mccl.",
-        epilog=doctor.epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    doctor.add_arguments(p)
-    p.set_defaults(run=doctor.run, subparser=p)
-    p = sub.add_parser(
-        "switch", help="emulate a fleet on this Linux machine: hosts on a rate-limited switch (root)",
-        description="An emulated Ethernet switch: N hosts as network namespaces, links shaped with tc.",
-        epilog=switch.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    switch.add_arguments(p)
-    p.set_defaults(run=switch.run, subparser=p)
-    p = sub.add_parser(
-        "plan", help="predict the training step of 1-48 Macs from this machine's compute profile",
-        description="Predict each method's training step (DDP, bf16, int8, PowerSGD, DiLoCo) on fleets of N "
-                    "hosts from a compute profile of the model and the link's rate.",
-        epilog=plan.EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    plan.add_arguments(p)
-    p.set_defaults(run=plan.run, subparser=p)
+    table = _subcommands()
+    sub = parser.add_subparsers(dest="subcommand", metavar="{" + ",".join(c["name"] for c in table) + "}",
+                                required=True)
+    for c in table:
+        p = sub.add_parser(c["name"], help=c["help"], description=c["description"], usage=c.get("usage"),
+                           epilog=c["epilog"], formatter_class=argparse.RawDescriptionHelpFormatter)
+        c["add"](p)
+        p.set_defaults(run=c["run"], subparser=p)
     return parser
 
 
