@@ -2,14 +2,17 @@
 cuda): docs/elastic.md's targets, measured.
 
     python benchmarks/churn.py                                     # every case, a small MLP, 4 members
-    python benchmarks/churn.py --cases churn --leave-every 60 --back-after 30 --churn-epochs 200
-    python benchmarks/churn.py --model vit_base_patch16_224 --device cuda --members 8 --global-batch 64 \
-        --sample-s 0 --link-rate 10                                # the GPU host (timm)
+    python benchmarks/churn.py --cases steady,churn --leave-every 60 --back-after 30 --churn-epochs 200
+    bash benchmarks/gpu_host/run.sh churn                          # ViT-B/16 on a GPU (timm), 8 members
+
+The members run on this machine over loopback only: the emulated switch's placement (benchmarks/sweep/) runs
+its ranks under the launcher's supervision, which ends the job when one of them exits. With --link-rate, the
+join's heal time (its state crossing loopback) is compared with the state's transfer time at that rate.
 
 Cases (each a fresh job of member processes, benchmarks/elastic/member.py, AdamW on synthetic data):
 
-  steady  no churn: the elastic loop, and plain synchronous DDP over a ProcessGroupMCCL (elastic off); the
-          steady-state step time of both (no regression with elasticity on)
+  steady  no churn (--steady-epochs): the elastic loop, and plain synchronous DDP over a ProcessGroupMCCL
+          (elastic off); the steady-state step time of both (no regression with elasticity on)
   churn   a member other than host 0 is asked to leave (SIGTERM) every --leave-every s and is back as a joiner
           --back-after s later (its process is started at the leave, imports torch and builds its model, and
           joins at that time); samples/s per member present against steady's (target >= 0.95)
@@ -55,7 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cpu")
     p.add_argument("--num-samples", type=int, default=256, help="samples per epoch")
     p.add_argument("--global-batch", type=int, default=32)
-    p.add_argument("--epochs", type=int, default=4, help="epochs of the steady, join and mixed cases")
+    p.add_argument("--epochs", type=int, default=4, help="epochs of the join and mixed cases")
+    p.add_argument("--steady-epochs", type=int, default=20, help="epochs of the steady case (churn's baseline)")
     p.add_argument("--churn-epochs", type=int, default=60)
     p.add_argument("--sample-s", type=float, default=0.01, help="seconds of emulated compute per sample")
     p.add_argument("--slow-factor", type=float, default=2.0, help="the mixed case's slow members: times slower")
@@ -110,7 +114,7 @@ def run_churn(args, out: Path) -> tuple:
         if back and now >= back[0][0]:
             job.cue(back.pop(0)[1])
             joins += 1
-        job._check(end, "host 0 still trained")
+        job.check(end, "host 0 still trained")
         time.sleep(0.05)
     late = time.monotonic() + 30.0  # the others finish; a joiner that came after the last step is stopped
     while any(job.running(n) for n in job.procs) and time.monotonic() < late:
@@ -133,8 +137,8 @@ def run_join(args, out: Path) -> dict:
 def row(case: str, variant: str, records: dict, args, epochs: int, **extra) -> dict:
     host0 = records["m0"]
     t = measure.throughput(host0)
-    return {"case": case, "variant": variant, "members": args.members, "epochs": epochs,
-            "steps": len(host0["steps"]), "samples_per_s": round(t["samples_per_s"], 2),
+    return {"case": case, "variant": variant, "members": args.members, "epochs": epochs, "steps": len(host0["steps"]),
+            "seconds": round(t["seconds"], 1), "samples_per_s": round(t["samples_per_s"], 2),
             "mean_members": round(t["mean_members"], 3), "per_member_samples_per_s": round(t["per_member"], 2),
             "step_time_median_s": round(measure.step_time(host0), 4),
             "ledger": measure.ledger_check(host0, args.num_samples, epochs), **extra}
@@ -153,8 +157,8 @@ def run_cases(args, out: Path):
     steady = None
     if "steady" in args.cases:
         for variant, elastic in (("elastic", True), ("plain DDP", False)):
-            records = run_plain(args, out / f"steady-{variant.split()[0]}", args.epochs, elastic=elastic)
-            r = row("steady", variant, records, args, args.epochs)
+            records = run_plain(args, out / f"steady-{variant.split()[0]}", args.steady_epochs, elastic=elastic)
+            r = row("steady", variant, records, args, args.steady_epochs)
             rows.append(r)
             curves[f"steady {variant}"] = measure.series(records["m0"])
         steady, plain = rows[0], rows[1]
@@ -215,8 +219,8 @@ def main(argv=None) -> int:
              "longest); ledger: every id of every epoch trained exactly once"]
     report.print_table("churn, join and mixed speeds", table, notes)
     (out / "results.md").write_text(report.markdown("Elastic churn benchmark", header, table, notes))
-    why = report.plot(str(out / "results.png"), "elastic: committed samples and members over time", [
-        {"xlabel": "s since warm-up", "ylabel": "committed samples",
+    why = report.plot(str(out / "results.png"), "elastic: committed samples/s and members over time", [
+        {"xlabel": "s since warm-up", "ylabel": "committed samples/s (5-step mean)",
          "series": {k: v["samples"] for k, v in curves.items()}},
         {"xlabel": "s since warm-up", "ylabel": "members",
          "series": {k: v["members"] for k, v in curves.items()}}])

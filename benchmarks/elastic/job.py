@@ -75,17 +75,18 @@ class Job:
 
     def await_file(self, name: str, deadline: float) -> None:
         while not (self.out / name).exists():
-            self._check(deadline, f"{name} was not written")
+            self.check(deadline, f"{name} was not written")
             time.sleep(0.05)
 
     def wait(self, deadline: float, names: List[str] = None) -> None:
         names = list(self.procs) if names is None else names
         while any(self.procs[n].poll() is None for n in names):
-            self._check(deadline, "members still ran")
+            self.check(deadline, "members still ran")
             time.sleep(0.1)
-        self._check(deadline, "")
+        self.check(deadline, "")
 
-    def _check(self, deadline: float, what: str) -> None:
+    def check(self, deadline: float, what: str) -> None:
+        """Kills every member and raises when one exited with an error, or (`what`) when the deadline passed."""
         failed = self.failed()
         if failed or time.monotonic() > deadline:
             self.kill_all()

@@ -71,16 +71,20 @@ def own_rates(records: Dict[str, dict]) -> Dict[str, float]:
     return {n: r["rate"] for n, r in records.items() if r.get("rate")}
 
 
-def series(host0: dict) -> Dict[str, tuple]:
-    """Seconds since the warm-up's end against the committed samples so far, and against the members."""
+def series(host0: dict, smooth: int = 5) -> Dict[str, tuple]:
+    """Seconds since the warm-up's end against the committed samples/s (over the last `smooth` steps), and against
+    the members."""
+    rows = window(host0)
     t0 = host0["steps"][WARMUP_STEPS - 1]["end"]
-    xs, done, sizes, total = [], [], [], 0
-    for r in window(host0):
-        total += len(r["ids"]) if r["committed"] else 0
+    ends = [t0] + [r["end"] for r in rows]
+    done = np.cumsum([0] + [len(r["ids"]) if r["committed"] else 0 for r in rows])
+    xs, rates, sizes = [], [], []
+    for i, r in enumerate(rows, start=1):
+        j = max(0, i - smooth)
         xs.append(r["end"] - t0)
-        done.append(total)
+        rates.append((done[i] - done[j]) / (ends[i] - ends[j]))
         sizes.append(len(r["members"]))
-    return {"samples": (xs, done), "members": (xs, sizes)}
+    return {"samples": (xs, rates), "members": (xs, sizes)}
 
 
 def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:

@@ -11,9 +11,9 @@ warm_file_at (after that many committed steps host 0's member writes <out>/warm)
 launched member waits, before its next step's work, until the joiner j1 posted at that step's boundary, so that
 it is admitted there), out.
 
-Writes <out>/training-<CHURN_NAME> at its first step, and <out>/<member>.json when it ends: each step's start and end (and for host 0's member, the members and
-the committed ids), its first step's start, its measured rate, the state's size as torch.save bytes, and for
-host 0's member each finished epoch's ledger.
+Writes <out>/training-<CHURN_NAME> at its first step, and <out>/<member>.json when it ends: each step's start
+and end (and for host 0's member, the members and the committed ids), its first step's start, its measured
+rate, the state's size as torch.save bytes, and for host 0's member each finished epoch's ledger.
 """
 from __future__ import annotations
 

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.slow  # make test-quick leaves these out (docs/testing.
 def test_churn_writes_a_row_per_case_and_the_ledgers_hold(tmp_path):
     out = tmp_path / "out"
     proc = run_script("churn.py", "--members", 3, "--width", 64, "--depth", 1, "--num-samples", 96,
-                      "--global-batch", 12, "--epochs", 1, "--churn-epochs", 16, "--sample-s", 0.002,
-                      "--leave-every", 1.5, "--back-after", 0.5, "--warm-steps", 3, "--timeout", 100, "--out", out,
+                      "--global-batch", 12, "--epochs", 1, "--steady-epochs", 1, "--churn-epochs", 16,
+                      "--sample-s", 0.002, "--leave-every", 1.5, "--back-after", 0.5, "--warm-steps", 3,
+                      "--timeout", 100, "--out", out,
                       timeout=170)
     assert proc.returncode == 0, explain(proc)
     with open(out / "results.csv", newline="") as f:
