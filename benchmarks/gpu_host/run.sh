@@ -44,6 +44,9 @@
 #                   between calls (e.g. runs/diloco_sim) to resume a sweep cut by the budget, else a fresh one
 #   plan-profiles   mccl plan's profiles of ViT-B/16 on cuda, batch 8 and 32, with N processes sharing the GPU
 #                   for N in HOSTS (4 8 16), as the stand-in's N ranks (benchmarks/record/scaling.md)
+#   churn           benchmarks/churn.py: MEMBERS (8) members sharing the GPU over loopback, ViT-B/16 with AdamW,
+#                   SAMPLE_S (0.05) s of emulated compute per sample, a leave every 60 s and back 30 s later over
+#                   CHURN_EPOCHS (30) epochs; the join's heal against a 10 Gbit/s link's transfer time
 #   plan-fleetN     the stand-in at N hosts, batch 32 and 8, every bucketed method of mccl plan (DDP, bf16
 #                   hook, int8, PowerSGD rank 1) and Gloo + bf16 hook; plan-dilocoN: DiLoCo (DILOCO:
 #                   mccl-bf16+diloco:H=8)
@@ -197,6 +200,10 @@ mccl:MCCL_RING_LOOKAHEAD_BYTES=512M:label=lookahead512M,gloo ;;
       py 150 -m lightning_mccl.cli plan --model vit_base_patch16_224 --batch $b --device cuda --share-device $n \
         --hosts 1-48 --save-profile "$R/plan_profile_b${b}_share$n.json" --out "$R/plan_b${b}_share$n"
     done; done ;;
+  churn)
+    py 1200 benchmarks/churn.py --device cuda --model vit_base_patch16_224 --members ${MEMBERS:-8} \
+      --num-samples 512 --global-batch 64 --epochs 2 --churn-epochs ${CHURN_EPOCHS:-30} --sample-s ${SAMPLE_S:-0.05} \
+      --leave-every 60 --back-after 30 --link-rate 10 --timeout $(T 400) --out "$R/churn" ;;
   plan-fleet[0-9]*)
     n=${experiment#plan-fleet}
     py 560 $F --hosts $n --steps 8 --batch 32 8 --powersgd-rank 1 --timeout $(T 560) --out "$R/plan_fleet$n" \
