@@ -3,53 +3,37 @@ leave (SIGTERM), restarted as joiners, and awaited with a hard deadline."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Dict, List
 
+from lightning_mccl.testing.members import MemberProcesses
+
 MEMBER = Path(__file__).resolve().parent / "member.py"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Job:
+class Job(MemberProcesses):
     """`world` members of one case, writing into `out`; `spec` is member.py's."""
 
     def __init__(self, out: Path, world: int, spec: dict):
         out.mkdir(parents=True, exist_ok=True)
-        self.out = out
         spec_path = out / "spec.json"
         spec_path.write_text(json.dumps({**spec, "out": str(out)}))
-        self.command = [sys.executable, str(MEMBER), str(spec_path)]
-        self.env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-                    "WORLD_SIZE": str(world), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                    "PYTHONUNBUFFERED": "1"}
-        self.procs: Dict[str, subprocess.Popen] = {}
         self.joiners = 0
         self.asked: List[str] = []  # asked to leave
-        for rank in range(world):
-            self._start(f"m{rank}", {"RANK": str(rank)})
+        super().__init__(out, world, [sys.executable, str(MEMBER), str(spec_path)])
 
-    def _start(self, name: str, env: Dict[str, str]) -> None:
-        with open(self.out / f"{name}.out", "w") as log:
-            self.procs[name] = subprocess.Popen(self.command, env={**self.env, "CHURN_NAME": name, **env}, stdout=log,
-                                                stderr=subprocess.STDOUT)
+    def start(self, name: str, env: Dict[str, str]) -> None:
+        super().start(name, {"CHURN_NAME": name, **env})
 
     def join(self, go: bool = False) -> str:
         """Starts a joiner; its process name (p1, p2, ...: the manager names it j<k> once admitted). With `go`
         it waits, torch imported and its model built, until `cue(name)` (a host that is back, ready to join)."""
         self.joiners += 1
         name = f"p{self.joiners}"
-        self._start(name, {"CHURN_JOIN": "1", **({"CHURN_GO": str(self.out / f"go-{name}")} if go else {})})
+        self.start(name, {"CHURN_JOIN": "1", **({"CHURN_GO": str(self.out / f"go-{name}")} if go else {})})
         return name
 
     def cue(self, name: str) -> None:
@@ -92,17 +76,6 @@ class Job:
             self.kill_all()
             why = f"members exited with errors: {failed}" if failed else f"{what} by the deadline"
             raise RuntimeError(f"{why}; the end of each member's output:\n{self.outputs()}")
-
-    def kill_all(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.kill()
-        for p in self.procs.values():
-            p.wait(timeout=10)
-
-    def outputs(self) -> str:
-        return "\n".join(f"--- {n} (exit {p.returncode}):\n{(self.out / f'{n}.out').read_text()[-3000:]}"
-                         for n, p in self.procs.items())
 
     def records(self) -> Dict[str, dict]:
         """Every member's record, by its member id (m0, m1, ..., j1, ...)."""

@@ -3,48 +3,33 @@
 `Job(tmp_path, world_size, env)` starts elastic_rank.py once per launched rank on a free port (stdout and
 stderr into files); `join()` starts a joiner; `wait(timeout)` returns every process's exit code, or has the
 ones still running dump their stacks (SIGUSR1), kills them all and fails naming them, with the end of each one's
-output. Nothing is masked: a member's
-exit code and output are the test's to check.
+output. Nothing is masked: a member's exit code and output are the test's to check. The processes themselves
+are `lightning_mccl.testing.members`', which the churn benchmark shares.
 """
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Dict, Optional
 
+from lightning_mccl.launcher import free_port
+from lightning_mccl.testing.members import MemberProcesses
+
 HERE = Path(__file__).resolve().parent
 RANK_PROGRAM = HERE / "elastic_rank.py"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Job:
+class Job(MemberProcesses):
     def __init__(self, out: Path, world_size: int, env: Dict[str, str]):
-        self.out = out
-        self.port = free_port()
-        self.env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.port), "ELASTIC_OUT": str(out),
-                    "WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env}
-        self.procs: Dict[str, subprocess.Popen] = {}
-        for rank in range(world_size):
-            self._start(f"m{rank}", {"RANK": str(rank)})
-
-    def _start(self, name: str, env: Dict[str, str]) -> None:
-        with open(self.out / f"{name}.out", "w") as log:
-            self.procs[name] = subprocess.Popen([sys.executable, str(RANK_PROGRAM)], env={**self.env, **env},
-                                                stdout=log, stderr=subprocess.STDOUT)
+        super().__init__(out, world_size, [sys.executable, str(RANK_PROGRAM)],
+                         {"ELASTIC_OUT": str(out), "OMP_NUM_THREADS": "1", **env})
 
     def join(self, name: str = "joiner", env: Optional[Dict[str, str]] = None) -> None:
-        self._start(name, {"ELASTIC_JOIN": "1", **(env or {})})
+        self.start(name, {"ELASTIC_JOIN": "1", **(env or {})})
 
     def await_file(self, name: str, timeout: float) -> float:
         """Until <out>/<name> exists (a member wrote it); fails if a member exits with an error first."""
@@ -86,19 +71,6 @@ class Job:
                                      f"output)\n{self.outputs()}")
             time.sleep(0.05)
         return {n: self.procs[n].returncode for n in names}
-
-    def kill_all(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.kill()
-        for p in self.procs.values():
-            p.wait(timeout=10)
-
-    def output(self, name: str) -> str:
-        return (self.out / f"{name}.out").read_text()
-
-    def outputs(self) -> str:
-        return "\n".join(f"--- {n} (exit {p.returncode}):\n{self.output(n)[-8000:]}" for n, p in self.procs.items())
 
     def result(self, member: str) -> dict:
         return json.loads((self.out / f"{member}.json").read_text())
