@@ -160,7 +160,8 @@ def test_a_joiner_is_admitted_and_receives_the_state(world):
     w.beat(joiner_id)
     joiner.catch_up()
     assert joiner.round == 1  # after the latest decided round, 0
-    d = w.round({"m0": OK, "m1": OK, "j1": Post(ok=True, has_state=False)})["j1"]
+    # The joiner posts first: one that posts after the members completed the quorum is admitted a round later.
+    d = w.round({"m0": OK, "m1": OK, "j1": Post(ok=True, has_state=False)}, delays={"m0": 0.3, "m1": 0.3})["j1"]
     assert (d.members, d.receivers, d.commit, d.reform) == (("m0", "m1", "j1"), ("j1",), True, True)
     assert joiner.members == ("m0", "m1", "j1")
 
