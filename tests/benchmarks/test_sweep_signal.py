@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -32,6 +33,9 @@ def test_a_signal_ends_the_benchmark_not_just_its_launch(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env, start_new_session=True)
+    # The hard deadline: a script that hangs silently is killed, which ends the reads below.
+    watchdog = threading.Timer(90, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    watchdog.start()
     try:
         lines = []
         deadline = time.monotonic() + 60
@@ -44,6 +48,7 @@ def test_a_signal_ends_the_benchmark_not_just_its_launch(tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
     finally:
+        watchdog.cancel()
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
