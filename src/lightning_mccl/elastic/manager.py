@@ -82,24 +82,28 @@ class ElasticManager:
     members that lack it. `members`: the initial quorum (a joiner passes none). `connect()`: a new client of
     the job's Store (for the heartbeat thread). `config`: the run's settings, a string or anything JSON-able,
     which a joiner must share with the job (fingerprint.py: so must the versions and the model's tensors), or it
-    is refused with `JoinRefused`."""
+    is refused with `JoinRefused`. `fingerprint_of()`: what of the state the fingerprint compares, when not all of
+    `state_dict()` (a Lightning checkpoint holds tensors that only a member which trained has, such as a
+    callback's best score)."""
 
     def __init__(self, store: dist.Store, *, member: str, members: Sequence[str], sampler: ElasticSampler,
                  state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None],
                  connect: Callable[[], dist.Store], address: str, settings: Optional[ElasticSettings] = None,
-                 leave_on_sigterm: bool = True, say: Optional[Callable[[str], None]] = None, config: Any = None):
+                 leave_on_sigterm: bool = True, say: Optional[Callable[[str], None]] = None, config: Any = None,
+                 fingerprint_of: Optional[Callable[[], Any]] = None):
         self.settings = settings or ElasticSettings()
         self.sampler = sampler
         self._state_dict = state_dict
         self._load_state_dict = load_state_dict
         self._say = say or (lambda line: print(f"mccl elastic: {line}", file=sys.stderr, flush=True))
         self.board = Board(store, member or "(a joiner)", address)
+        fingerprint_of = fingerprint_of or state_dict
         if not members:
             info = {"host": socket.gethostname(), "pid": os.getpid()}
-            fingerprint.admit(self.board, fingerprint.of(state_dict, config), info, self.settings.timeout)
+            fingerprint.admit(self.board, fingerprint.of(fingerprint_of, config), info, self.settings.timeout)
             member = self.board.member = Membership.register_joiner(self.board, info)
         elif member == STORE_HOST:
-            fingerprint.publish(self.board, fingerprint.of(state_dict, config))
+            fingerprint.publish(self.board, fingerprint.of(fingerprint_of, config))
         self.me = member
         self.membership = Membership(self.board, member, self.settings, members, STORE_HOST, self._say,
                                      global_batch=sampler.global_batch)
@@ -133,7 +137,7 @@ class ElasticManager:
         """A member started by a launcher (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE: every initial member
         waits at the rendezvous for all of them), or with `join=True` a process joining a running job. What
         `mccl launch --elastic` and `mccl join` say win: the minimum of members, and joining (launch_plan).
-        `kwargs` go to the constructor (`config`, `say`, `leave_on_sigterm`)."""
+        `kwargs` go to the constructor (`config`, `say`, `leave_on_sigterm`, `fingerprint_of`)."""
         settings, join = with_launched_minimum(settings or ElasticSettings()), join or launched_as_joiner()
         addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         timeout = settings.group_timeout
@@ -171,6 +175,12 @@ class ElasticManager:
     def decision(self) -> Optional[Decision]:
         """The latest step boundary's decision."""
         return self._decision
+
+    @property
+    def members(self) -> Sequence[str]:
+        """The members of the group now formed, in rank order: those that trained the current (or the last) step;
+        empty before the first step."""
+        return self._members
 
     @property
     def leave_requested(self) -> bool:

@@ -1,0 +1,122 @@
+"""A Lightning fit with strategy="mccl_elastic" under `mccl launch --local 4 --elastic` (lightning_rank.py:
+elastic_rank.py's linear regression in a LightningModule, 3 epochs of 12 steps of 8 samples).
+
+- One job goes through a member killed with SIGKILL mid-step (epoch 0), a member at half speed, and a rank that
+  `mccl join` starts and the others admit at epoch 2: the others finish `fit`, every epoch's ledger holds every
+  sample once, the members (the joiner too) end with identical weights and momentum equal to a float64 replay of
+  the committed steps, Lightning's counters (global_step, current_epoch) are the job's on every member,
+  `trainer.world_size` follows the membership (4, 3, 4) and host 0 stays rank 0; the slow member's share falls.
+- Another: a member asked to leave by `mccl leave` (it exits 0), then host 0 killed at epoch 1 (the others end
+  with the documented sentence), and the checkpoint host 0 wrote at epoch 0's end resumed by 2 members, which
+  finish the job's remaining epochs with every sample once.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+
+from cli_runner import MCCL, run_mccl
+from elastic_job import END_S, LIGHTNING_RANK, ElasticJob, elastic_job, needs_proc, start  # noqa: F401 (fixture)
+from elastic_rank import EPOCHS, GLOBAL_BATCH, NUM_SAMPLES
+from lightning_mccl.elastic import HOST_ZERO_MUST_STAY
+from test_churn import replay
+
+pytestmark = [pytest.mark.slow, needs_proc]
+PER_EPOCH = -(-NUM_SAMPLES // GLOBAL_BATCH)
+STEPS = EPOCHS * PER_EPOCH
+KILL_AT, SLOW_FROM, JOIN_AT = 5, 3, 2 * PER_EPOCH
+
+
+def commits(ledgers: dict) -> list:
+    """(step, epoch, ids) of every committed step, from the epochs' ledgers (id -> the step that trained it)."""
+    found = []
+    for epoch, ledger in ledgers.items():
+        ledger = np.array(ledger)
+        assert (ledger >= 0).all(), f"epoch {epoch}: ids {np.flatnonzero(ledger < 0)} were never trained"
+        found += [(int(s), int(epoch), np.flatnonzero(ledger == s).tolist()) for s in np.unique(ledger)]
+    return sorted(found)
+
+
+def check_members(job, members, epochs=range(EPOCHS)) -> dict:
+    """The members' results agree with each other and with the job: weights, momentum, ledgers, counters."""
+    results = {m: job.result(m) for m in members}
+    first = results[members[0]]
+    for m, r in results.items():
+        assert r["weights"] == first["weights"], f"{m}'s weights differ from {members[0]}'s"
+        assert r["momentum"] == first["momentum"], f"{m}'s optimizer state differs from {members[0]}'s"
+        assert r["ledgers"] == {e: first["ledgers"][e] for e in r["ledgers"]}, f"{m}'s ledgers differ"
+        assert str(EPOCHS - 1) in r["ledgers"], f"{m} did not finish the last epoch"
+        assert (r["steps"], r["global_step"], r["current_epoch"]) == (STEPS, STEPS, EPOCHS), m
+    assert sorted(first["ledgers"]) == [str(e) for e in epochs]
+    steps = [s for s, _, _ in commits(first["ledgers"])]
+    assert steps == list(range(epochs[0] * PER_EPOCH, STEPS)), "every step was committed once, in order"
+    return results
+
+
+def test_a_fit_goes_on_through_a_kill_a_slow_member_and_a_join(elastic_job, tmp_path):
+    scenario = {"PAUSES": f"m2:{KILL_AT}", "SAMPLE_S": 0.03, "SLOW_MEMBER": "m3", "SLOW_FROM": SLOW_FROM,
+                "AWAIT_JOIN_AT": JOIN_AT}
+    job = elastic_job(4, "--min-nodes", "2", program=LIGHTNING_RANK, **scenario)
+    job.await_file("paused-m2")  # m2 waits in its training_step; the others wait for it in the step's allreduce
+    os.kill(job.member_pid(2), signal.SIGKILL)
+    job.await_file("awaiting-join")  # m0, m1, m3 wait at epoch 2's first step until j1 has posted
+    variables = [f"--env=ELASTIC_{k}={v}" for k, v in {"OUT": tmp_path, **scenario}.items()]
+    joiner = start([MCCL, "join", "--local", "1", "--master-port", str(job.port), *variables, "--", "python",
+                    LIGHTNING_RANK], tmp_path / "joiner")
+    try:
+        code = joiner.wait(END_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(joiner.pid, signal.SIGKILL)
+        joiner.wait()
+        raise AssertionError(f"mccl join did not exit within {END_S:g} s\n{job.output()}") from None
+    assert code == 0, (tmp_path / "joiner.err").read_text()[-4000:]
+    assert job.wait() == 0, job.output()
+    out = job.stdout()
+    assert f"[local r0] mccl elastic: step {KILL_AT}: m2 left (a collective failed on it" in out, job.output()
+    assert "j1 joined; 4 members now: m0, m1, m3, j1" in out, job.output()
+
+    results = check_members(job, ["m0", "m1", "m3", "j1"])
+    first = results["m0"]
+    expected = replay(first["initial"], commits(first["ledgers"]))
+    for got, want in zip(first["weights"], expected):
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-5)
+    assert results["j1"]["first_step"] == JOIN_AT + 1  # admitted at that step's boundary, it trains the next one
+    batches = first["batches"]
+    assert [b["step"] for b in batches] == list(range(1, STEPS + 1)), "one batch per committed step"
+    sizes = [b["world_size"] for b in batches]
+    assert sizes == [4] * KILL_AT + [3] * (JOIN_AT + 1 - KILL_AT) + [4] * (STEPS - JOIN_AT - 1), sizes
+    assert all(b["global_rank"] == 0 and b["is_global_zero"] for b in batches)
+    assert [b["global_rank"] for b in results["m3"]["batches"]][-1] == 2  # after m2 left, m3 is rank 2
+    slow = [b["samples"] for b in results["m3"]["batches"] if 12 <= b["step"] <= JOIN_AT]
+    fast = [b["samples"] for b in results["m1"]["batches"] if 12 <= b["step"] <= JOIN_AT]
+    assert np.mean(slow) < 0.75 * np.mean(fast), (slow, fast)
+
+
+def test_a_member_leaves_host_0_is_lost_and_the_checkpoint_resumes_on_2_members(elastic_job, tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    job = elastic_job(4, program=LIGHTNING_RANK, PAUSES=f"m1:{KILL_AT},m0:{PER_EPOCH + 3}", CHECKPOINT=checkpoints)
+    job.await_file("paused-m1")
+    r = run_mccl("leave", "--master", f"127.0.0.1:{job.port}", "m1", timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (tmp_path / "go-m1").write_text("1")
+    job.await_file("paused-m0")  # at epoch 1, after host 0 wrote the checkpoint of epoch 0
+    os.kill(job.member_pid(0), signal.SIGKILL)
+    assert job.wait() != 0, job.output()
+    out = job.stdout()
+    assert f"member m1 left the job at step {KILL_AT + 1}, as asked" in out, job.output()
+    assert f"HostZeroLost: mccl elastic: {HOST_ZERO_MUST_STAY}" in out + job.stderr(), job.output()
+    assert job.result("m1")["left"] and job.result("m1")["steps"] == KILL_AT + 1
+
+    (tmp_path / "resumed").mkdir()
+    resumed = ElasticJob(tmp_path / "resumed", 2, program=LIGHTNING_RANK, CHECKPOINT=checkpoints)
+    try:
+        assert resumed.wait() == 0, resumed.output()
+    finally:
+        resumed.kill()
+    results = check_members(resumed, ["m0", "m1"], epochs=range(1, EPOCHS))
+    assert results["m0"]["first_step"] == PER_EPOCH
+    assert {b["world_size"] for b in results["m0"]["batches"]} == {2}
