@@ -1,11 +1,13 @@
 """One member of the Lightning elastic tests: elastic_rank.py's linear regression, fit by a Lightning Trainer
-with `strategy="mccl_elastic"` (the same data, model, optimizer and global batch, so test_churn.py's float64
-replay checks it).
+with `MCCLElasticStrategy` (the same data, model, optimizer and global batch, so test_churn.py's float64 replay
+checks it), or with `MCCLElasticDiLoCoStrategy` when ELASTIC_SYNC_EVERY is set.
 
 Started by `mccl launch --local N --elastic` (or `mccl join`), it writes <ELASTIC_OUT>/<member>.json when fit
 returns: its final weights and momentum, each epoch's ledger, Lightning's counters (global_step, current_epoch),
-and per batch the committed step, `trainer.world_size`, `trainer.global_rank` and its own number of samples.
-Scenario variables (as elastic_rank.py's):
+and per batch the committed steps, `trainer.world_size`, `trainer.global_rank` and its own number of samples. As
+each elastic step (a round under DiLoCo) commits, it appends the step and the member's sample ids to
+<ELASTIC_OUT>/<member>.steps.jsonl, so a member killed later leaves what it trained. Scenario variables (as
+elastic_rank.py's):
 
 - ELASTIC_PAUSES: "m1:5,m0:18": each member named writes <out>/paused-<member> in its training_step at that step
   (the committed steps before it) and waits until <out>/go-<member> exists or it was asked to leave;
@@ -13,6 +15,8 @@ Scenario variables (as elastic_rank.py's):
   it was dealt, that member's twice as long from that step on;
 - ELASTIC_AWAIT_JOIN_AT: at that step every launched member writes <out>/awaiting-join and waits until j1 has
   posted at the step's boundary;
+- ELASTIC_SYNC_EVERY: elastic DiLoCo with that H (outer lr 1, no outer momentum); ELASTIC_MOMENTUM: the inner SGD's
+  momentum (default MOMENTUM);
 - ELASTIC_GLOBAL_BATCH: the strategy's global_batch (default GLOBAL_BATCH, the DataLoader's batch_size x 4);
 - ELASTIC_CHECKPOINT: a folder: a checkpoint there at every epoch's end (ModelCheckpoint, last.ckpt), and the fit
   resumes from its last.ckpt when it exists.
@@ -36,7 +40,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 import lightning_mccl  # noqa: F401  (registers "mccl_elastic")
 from elastic_rank import EPOCHS, FEATURES, GLOBAL_BATCH, LR, MOMENTUM, NUM_SAMPLES, SETTINGS, dataset
-from lightning_mccl.lightning import MCCLElasticStrategy
+from lightning_mccl.lightning import MCCLElasticDiLoCoStrategy, MCCLElasticStrategy
 
 MEMBERS = 4  # the launched members: the DataLoader's batch_size x MEMBERS is the global batch
 WAIT_S = 60.0
@@ -90,7 +94,7 @@ class Regression(pl.LightningModule):
         return ((self.net(x).squeeze(1) - y) ** 2).sum() / max(len(ids), 1)
 
     def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=LR, momentum=MOMENTUM)
+        return torch.optim.SGD(self.parameters(), lr=LR, momentum=float(self.env.get("ELASTIC_MOMENTUM", MOMENTUM)))
 
     def train_dataloader(self):
         return DataLoader(Samples(), batch_size=GLOBAL_BATCH // MEMBERS, shuffle=True)
@@ -99,7 +103,8 @@ class Regression(pl.LightningModule):
 class Record(Callback):
     """What the test checks, into <out>/<member>.json at the end of fit."""
 
-    def __init__(self):
+    def __init__(self, out: Path):
+        self.out = out
         self.record = {"batches": [], "ledgers": {}, "initial": None}
 
     def on_train_start(self, trainer, module):
@@ -107,7 +112,11 @@ class Record(Callback):
         self.record["first_step"] = trainer.global_step
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        manager = trainer.strategy.manager
+        strategy = trainer.strategy
+        manager = strategy.manager
+        if strategy.batches.step_ends:  # the step (round) committed: what this member trained in it
+            with open(self.out / f"{manager.me}.steps.jsonl", "a") as f:
+                f.write(json.dumps({"step": manager.step - 1, "ids": strategy.step.ids.tolist()}) + "\n")
         self.record["batches"].append({"step": manager.step, "global_step": trainer.global_step,
                                        "epoch": trainer.current_epoch, "world_size": trainer.world_size,
                                        "global_rank": trainer.global_rank, "samples": len(batch[2]),
@@ -123,13 +132,15 @@ def main() -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     warnings.filterwarnings("ignore")
     out = Path(os.environ["ELASTIC_OUT"])
-    record = Record()
+    record = Record(out)
     callbacks = [record]
     checkpoints = os.environ.get("ELASTIC_CHECKPOINT")
     if checkpoints:
         callbacks.append(ModelCheckpoint(dirpath=checkpoints, save_last=True, every_n_epochs=1))
-    strategy = MCCLElasticStrategy(settings=SETTINGS, seed=7,
-                                   global_batch=int(os.environ.get("ELASTIC_GLOBAL_BATCH", GLOBAL_BATCH)))
+    arguments = dict(settings=SETTINGS, seed=7, global_batch=int(os.environ.get("ELASTIC_GLOBAL_BATCH", GLOBAL_BATCH)))
+    sync_every = os.environ.get("ELASTIC_SYNC_EVERY")
+    strategy = (MCCLElasticDiLoCoStrategy(sync_every=int(sync_every), **arguments) if sync_every
+                else MCCLElasticStrategy(**arguments))
     trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=MEMBERS, num_nodes=1, max_epochs=EPOCHS,
                          callbacks=callbacks, logger=False, enable_checkpointing=bool(checkpoints),
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)

@@ -9,6 +9,9 @@ a length, so Lightning's loop does not fetch ahead), and a batch is one committe
 drop is redone in the same batch (the strategy's `optimizer_step`), so an epoch is always
 ``ceil(len(dataset) / global_batch)`` batches long and Lightning's step and epoch counters follow the sampler's.
 
+Under elastic DiLoCo a step is a round of H inner steps (`per_step`): the member's slice of the round is split
+into H batches, in order (`np.array_split`), and the next round starts with the batch after the H-th.
+
 The dataset is read by index (`dataset[i]`) in the training process: a map-style dataset, no worker processes
 (a worker prefetching ahead would read for a membership that may not hold). A member dealt no sample (the last
 step of an epoch, smaller than the quorum) gets an empty batch: the collated form of one sample, cut to length
@@ -17,7 +20,7 @@ zero, so that its forward and backward still run and its gradients count for not
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 import numpy as np
 import torch
@@ -31,15 +34,18 @@ class ElasticBatches:
     """Batches of one member's slices of the steps' global batches (module docstring)."""
 
     def __init__(self, dataset: Any, collate_fn: Callable, global_batch: int,
-                 next_step: Callable[[], Optional[Step]]):
+                 next_step: Callable[[], Optional[Step]], per_step: int = 1):
         self.dataset = dataset
         self.collate_fn = collate_fn
-        self.global_batch = global_batch
+        self.global_batch = global_batch  # the samples of one step (a round under DiLoCo) over all members
+        self.per_step = per_step
         self._next_step = next_step
+        self._left: List[np.ndarray] = []  # the current step's batches not taken yet
+        self.taken = 0  # the samples of the last batch taken
 
     @classmethod
-    def replacing(cls, loader: DataLoader, global_batch: int,
-                  next_step: Callable[[], Optional[Step]]) -> "ElasticBatches":
+    def replacing(cls, loader: DataLoader, global_batch: int, next_step: Callable[[], Optional[Step]],
+                  per_step: int = 1) -> "ElasticBatches":
         """In place of the user's training `loader` (its dataset and collate_fn); ValueError naming what it cannot
         take."""
         if not isinstance(loader, DataLoader):
@@ -49,20 +55,33 @@ class ElasticBatches:
             raise ValueError(f"MCCLElasticStrategy: the training DataLoader's dataset is an IterableDataset "
                              f"({type(loader.dataset).__name__}); the members read samples by id (dataset[i]), so it "
                              f"must be map-style (with __getitem__ and __len__)")
-        return cls(loader.dataset, loader.collate_fn, global_batch, next_step)
+        return cls(loader.dataset, loader.collate_fn, global_batch, next_step, per_step)
 
     def __len__(self) -> int:
-        """Batches per epoch: the global batches of one pass over the dataset."""
-        return math.ceil(len(self.dataset) / self.global_batch)
+        """Batches per epoch: the steps of one pass over the dataset, each `per_step` batches."""
+        return math.ceil(len(self.dataset) / self.global_batch) * self.per_step
 
     def __iter__(self) -> "ElasticBatches":
         return self
 
     def __next__(self) -> Any:
-        step = self._next_step()
-        if step is None:  # this member left the job
-            raise StopIteration
-        return self.batch(step.ids)
+        if not self._left:
+            step = self._next_step()
+            if step is None:  # this member left the job
+                raise StopIteration
+            self._left = self.split(step.ids)
+        ids = self._left.pop(0)
+        self.taken = len(ids)
+        return self.batch(ids)
+
+    @property
+    def step_ends(self) -> bool:
+        """The batch taken last is its step's last."""
+        return not self._left
+
+    def split(self, ids: np.ndarray) -> List[np.ndarray]:
+        """A step's ids as its `per_step` batches, in order."""
+        return np.array_split(ids, self.per_step)
 
     def batch(self, ids: np.ndarray) -> Any:
         """The collated samples `ids` (an empty batch for none)."""

@@ -111,6 +111,7 @@ class MCCLElasticStrategy(MCCLBase):
         self.batches: Optional[ElasticBatches] = None
         self._making_batches = False
         self._started: Optional[Step] = None  # the step dealt at setup, which the first batch trains
+        self._step: Optional[Step] = None  # the step being trained (or trained last)
         self._redo_batch: Any = None  # a dropped step's batch dealt again, for the closure's training_step
         self._resumed: Optional[dict] = None  # the sampler's state from the checkpoint this fit resumes
         self._failed = False
@@ -118,6 +119,19 @@ class MCCLElasticStrategy(MCCLBase):
     @override
     def comm_mode(self) -> Mode:
         return Mode(DDP, None)
+
+    @property
+    def step(self) -> Optional[Step]:
+        """The elastic step this member trains (or trained last): its sample ids, rank and size; a round of
+        `sync_every` batches under elastic DiLoCo."""
+        return self._step
+
+    def _batches_per_step(self) -> int:
+        return 1
+
+    def _config(self, global_batch: int) -> dict:
+        """What a joiner must share with the job (fingerprint.py's config)."""
+        return {"user": self.config, "global_batch": global_batch, "seed": self.seed}
 
     # ---- who this member is ----------------------------------------------------------------------------------
 
@@ -189,17 +203,21 @@ class MCCLElasticStrategy(MCCLBase):
         sampler = ElasticSampler(len(self.batches.dataset), self.batches.global_batch, seed=self.seed)
         self.manager = ElasticManager.from_env(
             sampler, state_dict=self._training_state, load_state_dict=self._load_training_state,
-            settings=self.settings, fingerprint_of=self._model_state,
-            config={"user": self.config, "global_batch": self.batches.global_batch, "seed": self.seed})
+            settings=self.settings, fingerprint_of=self._model_state, config=self._config(self.batches.global_batch))
         if self._resumed is not None:
             self.manager.load_state_dict(self._resumed)
         super().setup(trainer)  # the model in DDP over the manager's group (_setup_model), the optimizers
         connector = trainer._checkpoint_connector
         if connector._loaded_checkpoint:
             connector.restore_training_state()  # before this member may send it (Lightning restores it again)
-        self._started = self.manager.start_step()  # the first boundary: the state from host 0 (or the members)
+        self._started = self._first_step()
         if self._started is None:
             self._stop(trainer)
+
+    def _first_step(self) -> Optional[Step]:
+        """The first step boundary: the state from host 0 (or, for a joiner, from a member)."""
+        self._step = self.manager.start_step()
+        return self._step
 
     def _check_loop(self, trainer: "pl.Trainer") -> None:
         refused = []
@@ -224,7 +242,8 @@ class MCCLElasticStrategy(MCCLBase):
             if getattr(dataloader, "batch_size", None) is None:
                 raise ValueError(f"{OWNER}: the training DataLoader has no batch_size; pass global_batch=")
             global_batch = dataloader.batch_size * trainer.num_nodes * trainer.num_devices
-        self.batches = ElasticBatches.replacing(dataloader, global_batch, self._next_step)
+        per_step = self._batches_per_step()
+        self.batches = ElasticBatches.replacing(dataloader, global_batch * per_step, self._next_step, per_step)
         return self.batches
 
     @override
@@ -274,10 +293,14 @@ class MCCLElasticStrategy(MCCLBase):
             return step
         if self.manager.left:
             return None
-        step = self.manager.start_step()
-        if step is None:
+        return self._start_step()
+
+    def _start_step(self) -> Optional[Step]:
+        """The next step dealt (`ElasticManager.start_step`); None, and the fit stopped, once this member left."""
+        self._step = self.manager.start_step()
+        if self._step is None:
             self._stop(self.lightning_module.trainer)
-        return step
+        return self._step
 
     def _stop(self, trainer: "pl.Trainer") -> None:
         """This member left: its fit ends after the batch it is in (whatever the minimum of epochs or steps)."""
@@ -296,17 +319,25 @@ class MCCLElasticStrategy(MCCLBase):
         """The closure (forward, backward: DDP reduces the gradients), the members' vote, and the optimizer step
         if every member's step succeeded; a dropped step is redone here with its ids dealt again."""
         result = closure()
+        while not self.manager.should_commit():
+            step = self._start_step()
+            if step is None:  # this member left at that boundary: no optimizer step
+                return None
+            result = self._redo(closure, step.ids)
+        return self._apply(optimizer, result, model, **kwargs)
+
+    def _apply(self, optimizer: Any, result: Any, model: Any = None, **kwargs: Any) -> Any:
+        """The optimizer step after the closure ran (its `result`): the precision plugin's, with Lightning's hooks
+        before it (gradient clipping, on_before_optimizer_step)."""
+        return super().optimizer_step(optimizer, lambda: result, model, **kwargs)
+
+    def _redo(self, closure: Any, ids: Any) -> Any:
+        """The closure again (training_step, backward) on the samples `ids` in place of the batch Lightning has."""
+        self._redo_batch = self.batch_to_device(self.batches.batch(ids))
         try:
-            while not self.manager.should_commit():
-                step = self.manager.start_step()
-                if step is None:  # this member left at that boundary: no optimizer step
-                    self._stop(self.lightning_module.trainer)
-                    return None
-                self._redo_batch = self.batch_to_device(self.batches.batch(step.ids))
-                result = closure()
+            return closure()
         finally:
             self._redo_batch = None
-        return super().optimizer_step(optimizer, lambda: result, model, **kwargs)
 
     # ---- outside the steps: no waiting for the others -----------------------------------------------------------
 
