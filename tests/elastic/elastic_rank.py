@@ -20,6 +20,9 @@ variables:
   joiner j1 has posted at the step's boundary (so it is admitted there, and trains from the next step on);
 - ELASTIC_HOLD_AT: at that step, every launched member writes <out>/holding and waits (before any collective)
   until <out>/go exists;
+- ELASTIC_CONSOLE: a path; <path>.<RANK> holds who is logged in at that launched member's screen (no file:
+  nobody), read in place of `stat /dev/console` with ElasticSettings(leave_when_owner_logs_in=True,
+  owner_poll_s=0.05);
 - ELASTIC_MODEL_INPUTS: the model's input width (default the data's, 6): another width is another model, and a
   joiner with it is refused; ELASTIC_LR: the learning rate, part of the config every member passes (another is
   another config, refused too).
@@ -34,6 +37,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -89,10 +93,14 @@ def main() -> int:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
 
+    console = Path(f"{os.environ.get('ELASTIC_CONSOLE')}.{os.environ.get('RANK')}")
+    login = {} if "ELASTIC_CONSOLE" not in os.environ else {
+        "settings": replace(SETTINGS, leave_when_owner_logs_in=True, owner_poll_s=0.05),
+        "console_user": lambda: console.read_text().strip() if console.exists() else ""}
     manager = ElasticManager.from_env(
         ElasticSampler(NUM_SAMPLES, global_batch, seed=SAMPLER_SEED),
         state_dict=lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
-        load_state_dict=load, join=os.environ.get("ELASTIC_JOIN") == "1", settings=SETTINGS,
+        load_state_dict=load, join=os.environ.get("ELASTIC_JOIN") == "1", **{"settings": SETTINGS, **login},
         config={"lr": lr, "momentum": MOMENTUM, "global_batch": global_batch, "sampler_seed": SAMPLER_SEED})
     record = {"commits": [], "ledgers": {}, "boundaries": [], "first_step": None, "initial": None}
     ddp = None

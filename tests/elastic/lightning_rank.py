@@ -4,7 +4,8 @@ checks it), or with `MCCLElasticDiLoCoStrategy` when ELASTIC_SYNC_EVERY is set.
 
 Started by `mccl launch --local N --elastic` (or `mccl join`), it writes <ELASTIC_OUT>/<member>.json when fit
 returns: its final weights and momentum, each epoch's ledger, Lightning's counters (global_step, current_epoch),
-and per batch the committed steps, `trainer.world_size`, `trainer.global_rank` and its own number of samples. As
+and per batch the committed steps, `trainer.world_size`, `trainer.global_rank` and its own number of samples; host 0
+logs (CSVLogger, <ELASTIC_OUT>/logs/version_0/metrics.csv) the loss and CommMetrics' members and shares. As
 each elastic step (a round under DiLoCo) commits, it appends the step and the member's sample ids to
 <ELASTIC_OUT>/<member>.steps.jsonl, so a member killed later leaves what it trained. Scenario variables (as
 elastic_rank.py's):
@@ -37,6 +38,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
 
 import lightning_mccl  # noqa: F401  (registers "mccl_elastic")
 from elastic_rank import EPOCHS, FEATURES, GLOBAL_BATCH, LR, MOMENTUM, NUM_SAMPLES, SETTINGS, dataset
@@ -91,7 +93,9 @@ class Regression(pl.LightningModule):
             _wait_until(lambda: manager.board.has([f"round/{manager.membership.round}/post/j1"]))
         slow = manager.me == env.get("ELASTIC_SLOW_MEMBER") and step >= int(env.get("ELASTIC_SLOW_FROM", "0"))
         time.sleep(float(env.get("ELASTIC_SAMPLE_S", "0")) * len(ids) * (2 if slow else 1))
-        return ((self.net(x).squeeze(1) - y) ** 2).sum() / max(len(ids), 1)
+        loss = ((self.net(x).squeeze(1) - y) ** 2).sum() / max(len(ids), 1)
+        self.log("train_loss", loss)
+        return loss
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=LR, momentum=float(self.env.get("ELASTIC_MOMENTUM", MOMENTUM)))
@@ -142,7 +146,8 @@ def main() -> int:
     strategy = (MCCLElasticDiLoCoStrategy(sync_every=int(sync_every), **arguments) if sync_every
                 else MCCLElasticStrategy(**arguments))
     trainer = pl.Trainer(strategy=strategy, accelerator="cpu", devices=MEMBERS, num_nodes=1, max_epochs=EPOCHS,
-                         callbacks=callbacks, logger=False, enable_checkpointing=bool(checkpoints),
+                         callbacks=callbacks, logger=CSVLogger(out, name="logs", version=0), log_every_n_steps=1,
+                         enable_checkpointing=bool(checkpoints),
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
     model = Regression(out)
     resume = Path(checkpoints) / "last.ckpt" if checkpoints else None

@@ -17,6 +17,8 @@ of 8 samples).
 """
 from __future__ import annotations
 
+import csv
+import itertools
 import json
 import os
 import signal
@@ -107,6 +109,16 @@ def test_a_fit_goes_on_through_a_kill_a_slow_member_and_a_join(elastic_job, tmp_
     slow = [b["samples"] for b in results["m3"]["batches"] if 12 <= b["step"] <= JOIN_AT]
     fast = [b["samples"] for b in results["m1"]["batches"] if 12 <= b["step"] <= JOIN_AT]
     assert np.mean(slow) < 0.75 * np.mean(fast), (slow, fast)
+    # host 0's logger alone, every step: the loss, and CommMetrics' members and shares (the slow member's fell)
+    assert [p.name for p in tmp_path.glob("logs/*")] == ["version_0"]
+    with open(tmp_path / "logs" / "version_0" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    logged = [r for r in rows if r.get("comm/members")]
+    members = [int(float(r["comm/members"])) for r in logged]
+    assert [k for k, _ in itertools.groupby(members)] == [4, 3, 4], members
+    shares = [(float(r["comm/share/m3"]), float(r["comm/share/m1"])) for r in logged if r.get("comm/share/m1")]
+    assert sum(m3 for m3, _ in shares[-8:]) < 0.75 * sum(m1 for _, m1 in shares[-8:]), shares
+    assert sum(1 for r in rows if r.get("train_loss")) == STEPS
 
 
 def test_a_member_leaves_host_0_is_lost_and_the_checkpoint_resumes_on_2_members(elastic_job, tmp_path):

@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+from dataclasses import replace
 
 import pytest
 
@@ -18,6 +19,8 @@ from cli_runner import MCCL, env_with_fake_ssh, run_mccl
 from elastic_job import ELASTIC_RANK, END_S, ElasticJob, elastic_job, needs_proc, start  # noqa: F401 (fixture)
 from lightning_mccl.cli import main
 from lightning_mccl.launcher import free_port
+from lightning_mccl.launcher.elastic import elastic_plan
+from lightning_mccl.launcher.launch_plan import LEAVE_ON_LOGIN_VAR, local_plan
 
 STEPS = 36  # elastic_rank.py's 3 epochs of 12 steps
 PAUSE_AT = 5
@@ -34,6 +37,8 @@ PAUSE_AT = 5
      "--min-nodes 3 is more than the 2 nodes of --local 2: the job would end at once"),
     (["launch", "--hostfile", "{fleet}", "--elastic", "--min-nodes", "4", "--", "true"],
      "--min-nodes 4 is more than the 3 hosts of {fleet}: the job would end at once"),
+    (["launch", "--local", "3", "--leave-on-login", "--", "true"],
+     "--leave-on-login needs --elastic (without it, a rank that leaves ends the job)"),
     (["launch", "--local", "3", "--elastic", "--max-restarts", "1", "--", "true"],
      "--max-restarts restarts every rank after a failure, --elastic goes on without the failed one: give one of them"),
     (["leave", "--hostfile", "{fleet}", "mac-9"],
@@ -55,6 +60,16 @@ def test_bad_elastic_input_exits_2_naming_the_cause(tmp_path, capsys, args, mess
     assert main([a.format(fleet=fleet) for a in args]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert message.format(fleet=fleet) in err, err
+
+
+def test_leave_on_login_reaches_every_rank_of_an_elastic_job_and_its_joiners():
+    plan = elastic_plan(local_plan(2, ["python", "train.py"], master_port=29500), None, "--local 2")
+    assert LEAVE_ON_LOGIN_VAR not in plan.rank_env(0, 0, {})
+    plan = replace(plan, leave_on_login=True)
+    assert all(plan.rank_env(0, r, {})[LEAVE_ON_LOGIN_VAR] == "1" for r in range(2))
+    assert replace(plan, joining="local").rank_env(0, 0, {})[LEAVE_ON_LOGIN_VAR] == "1"
+    # never copied from the launcher's own environment: the flag decides
+    assert LEAVE_ON_LOGIN_VAR not in replace(plan, leave_on_login=False).rank_env(0, 0, {LEAVE_ON_LOGIN_VAR: "1"})
 
 
 def test_leave_names_the_address_when_the_store_cannot_be_reached(capsys):

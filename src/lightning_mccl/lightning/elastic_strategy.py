@@ -50,6 +50,7 @@ from ..elastic import ElasticManager, ElasticSampler, ElasticSettings, Step, ela
 from ..elastic.manager import STORE_HOST
 from . import internals
 from .base import MCCLBase
+from .comm_metrics import CommMetrics
 from .elastic_batches import ElasticBatches
 from .elastic_environment import ElasticEnvironment
 from .group import BACKEND, DEFAULT_TIMEOUT
@@ -68,6 +69,8 @@ class MCCLElasticStrategy(MCCLBase):
         seed: the sampler's seed (each epoch's order of the sample ids).
         config: the run's settings that a joiner must share (a string or anything JSON-able); the global batch
             and the seed are always part of it.
+        comm_metrics: True (default) adds a `CommMetrics` callback, which logs the members, each one's share of
+            the global batch and its measured samples/s; False: none; or a `CommMetrics(...)` of one's own.
         The rest are Lightning's (accelerator, parallel_devices, cluster_environment: default
         `ElasticEnvironment`, checkpoint_io, precision_plugin, start_method) or DDP's (`static_graph`,
         `gradient_as_bucket_view`, ...; DDP's process group, `init_sync` and `find_unused_parameters` are the
@@ -88,6 +91,7 @@ class MCCLElasticStrategy(MCCLBase):
         global_batch: Optional[int] = None,
         seed: int = 0,
         config: Any = None,
+        comm_metrics: Union[bool, CommMetrics] = True,
         **kwargs: Any,
     ) -> None:
         for name in ("compress", "process_group_backend", "ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper"):
@@ -102,7 +106,7 @@ class MCCLElasticStrategy(MCCLBase):
                          cluster_environment=cluster_environment or ElasticEnvironment(),
                          checkpoint_io=checkpoint_io, precision_plugin=precision_plugin,
                          process_group_backend=BACKEND, timeout=DEFAULT_TIMEOUT, start_method=start_method,
-                         compress=None, comm_metrics_option=False, options=None, **kwargs)
+                         compress=None, comm_metrics_option=comm_metrics, options=None, **kwargs)
         self.settings = settings or ElasticSettings()
         self.global_batch = global_batch
         self.seed = int(seed)
