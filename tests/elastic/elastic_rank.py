@@ -61,7 +61,7 @@ def dataset():
     return x, y
 
 
-def _wait_until(condition) -> None:
+def wait_until(condition) -> None:
     deadline = time.monotonic() + WAIT_S
     while not condition():
         if time.monotonic() > deadline:
@@ -116,15 +116,15 @@ def main() -> int:
                                      "shares": {m: len(ids) for m, ids in step.deal.slices.items()}})
         if manager.me == pause_member and step.index == pause_at and not (out / "paused").exists():
             (out / "paused").write_text(str(time.time()))
-            _wait_until(lambda: (out / "go").exists() or manager.leave_requested)
+            wait_until(lambda: (out / "go").exists() or manager.leave_requested)
         if manager.me.startswith("m") and step.index == await_join_at and "awaited" not in record:
             record["awaited"] = True  # until j1 posted at this step's boundary (once: the step may be redone)
             (out / "awaiting-join").write_text(str(time.time()))
-            _wait_until(lambda: manager.board.has([f"round/{manager.membership.round}/post/j1"]))
+            wait_until(lambda: manager.board.has([f"round/{manager.membership.round}/post/j1"]))
         if manager.me.startswith("m") and step.index == hold_at and "held" not in record:
             record["held"] = True
             (out / "holding").write_text(str(time.time()))
-            _wait_until(lambda: (out / "go").exists())
+            wait_until(lambda: (out / "go").exists())
         slow = manager.me == slow_member and step.index >= slow_from
         time.sleep(step_sleep + sample_s * len(step.ids) * (2 if slow else 1))
         ids = torch.as_tensor(step.ids)
@@ -142,16 +142,26 @@ def main() -> int:
     record["trained_at"] = time.time()
     manager.finish()
     record.update(finished_at=time.time(), member=manager.me, left=manager.left, steps=manager.step,
-                  weights=[p.detach().double().flatten().tolist() for p in model.parameters()],
-                  momentum=[optimizer.state[p]["momentum_buffer"].double().flatten().tolist()
-                            for p in model.parameters() if p in optimizer.state])
+                  **final_state(model, optimizer))
     (out / f"{manager.me}.json").write_text(json.dumps(record))
     return 0
 
 
-if __name__ == "__main__":
+def final_state(model, optimizer) -> dict:
+    """The weights and SGD's momentum buffers as lists of float64 (what the tests compare bit for bit)."""
+    return {"weights": [p.detach().double().flatten().tolist() for p in model.parameters()],
+            "momentum": [optimizer.state[p]["momentum_buffer"].double().flatten().tolist()
+                         for p in model.parameters() if p in optimizer.state]}
+
+
+def run(main) -> None:
+    """Exits with main()'s code; a member that fails writes <ELASTIC_OUT>/failed-<pid> (the time) first."""
     try:
         sys.exit(main())
     except Exception:
         (Path(os.environ["ELASTIC_OUT"]) / f"failed-{os.getpid()}").write_text(str(time.time()))
         raise
+
+
+if __name__ == "__main__":
+    run(main)

@@ -41,11 +41,11 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 import lightning_mccl  # noqa: F401  (registers "mccl_elastic")
-from elastic_rank import EPOCHS, FEATURES, GLOBAL_BATCH, LR, MOMENTUM, NUM_SAMPLES, SETTINGS, dataset
+from elastic_rank import EPOCHS, FEATURES, GLOBAL_BATCH, LR, MOMENTUM, NUM_SAMPLES, SETTINGS, dataset, final_state, run,
+                          wait_until)
 from lightning_mccl.lightning import MCCLElasticDiLoCoStrategy, MCCLElasticStrategy
 
 MEMBERS = 4  # the launched members: the DataLoader's batch_size x MEMBERS is the global batch
-WAIT_S = 60.0
 
 
 class Samples(Dataset):
@@ -58,14 +58,6 @@ class Samples(Dataset):
 
     def __getitem__(self, i):
         return self.x[i], self.y[i], i
-
-
-def _wait_until(condition) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("the test's scenario did not go on")
-        time.sleep(0.02)
 
 
 class Regression(pl.LightningModule):
@@ -86,11 +78,11 @@ class Regression(pl.LightningModule):
         pauses = dict(p.split(":") for p in env.get("ELASTIC_PAUSES", "").split(",") if p)
         if me in pauses and step == int(pauses[me]) and not (self.out / f"paused-{me}").exists():
             (self.out / f"paused-{me}").write_text(str(time.time()))
-            _wait_until(lambda: (self.out / f"go-{me}").exists() or manager.leave_requested)
+            wait_until(lambda: (self.out / f"go-{me}").exists() or manager.leave_requested)
         if manager.me.startswith("m") and step == int(env.get("ELASTIC_AWAIT_JOIN_AT", "-1")) \
                 and not (self.out / "awaiting-join").exists():
             (self.out / "awaiting-join").write_text(str(time.time()))
-            _wait_until(lambda: manager.board.has([f"round/{manager.membership.round}/post/j1"]))
+            wait_until(lambda: manager.board.has([f"round/{manager.membership.round}/post/j1"]))
         slow = manager.me == env.get("ELASTIC_SLOW_MEMBER") and step >= int(env.get("ELASTIC_SLOW_FROM", "0"))
         time.sleep(float(env.get("ELASTIC_SAMPLE_S", "0")) * len(ids) * (2 if slow else 1))
         loss = ((self.net(x).squeeze(1) - y) ** 2).sum() / max(len(ids), 1)
@@ -153,20 +145,12 @@ def main() -> int:
     resume = Path(checkpoints) / "last.ckpt" if checkpoints else None
     trainer.fit(model, ckpt_path=str(resume) if resume is not None and resume.exists() else None)
     manager = strategy.manager
-    optimizer = trainer.optimizers[0]
     record.record.update(
         member=manager.me, left=manager.left, steps=manager.step, global_step=trainer.global_step,
-        current_epoch=trainer.current_epoch, finished_at=time.time(),
-        weights=[p.detach().double().flatten().tolist() for p in model.parameters()],
-        momentum=[optimizer.state[p]["momentum_buffer"].double().flatten().tolist()
-                  for p in model.parameters() if p in optimizer.state])
+        current_epoch=trainer.current_epoch, finished_at=time.time(), **final_state(model, trainer.optimizers[0]))
     (out / f"{manager.me}.json").write_text(json.dumps(record.record))
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Exception:
-        (Path(os.environ["ELASTIC_OUT"]) / f"failed-{os.getpid()}").write_text(str(time.time()))
-        raise
+    run(main)

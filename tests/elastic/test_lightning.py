@@ -22,13 +22,12 @@ import itertools
 import json
 import os
 import signal
-import subprocess
 
 import numpy as np
 import pytest
 
-from cli_runner import MCCL, run_mccl
-from elastic_job import END_S, LIGHTNING_RANK, ElasticJob, elastic_job, needs_proc, start  # noqa: F401 (fixture)
+from cli_runner import run_mccl
+from elastic_job import LIGHTNING_RANK, ElasticJob, elastic_job, join_local, needs_proc  # noqa: F401 (fixture)
 from elastic_rank import EPOCHS, GLOBAL_BATCH, LR, NUM_SAMPLES, dataset
 from lightning_mccl.elastic import HOST_ZERO_MUST_STAY
 from test_churn import replay
@@ -74,16 +73,7 @@ def kill_and_join(elastic_job, tmp_path, kill_at, join_at, **scenario) -> str:
     job.await_file("paused-m2")  # m2 waits in its training_step; the others wait for it in the step's allreduce
     os.kill(job.member_pid(2), signal.SIGKILL)
     job.await_file("awaiting-join")  # m0, m1, m3 wait at the step until j1 has posted
-    variables = [f"--env=ELASTIC_{k}={v}" for k, v in {"OUT": tmp_path, **scenario}.items()]
-    joiner = start([MCCL, "join", "--local", "1", "--master-port", str(job.port), *variables, "--", "python",
-                    LIGHTNING_RANK], tmp_path / "joiner")
-    try:
-        code = joiner.wait(END_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(joiner.pid, signal.SIGKILL)
-        joiner.wait()
-        raise AssertionError(f"mccl join did not exit within {END_S:g} s\n{job.output()}") from None
-    assert code == 0, (tmp_path / "joiner.err").read_text()[-4000:]
+    join_local(job, LIGHTNING_RANK, [f"--env=ELASTIC_{k}={v}" for k, v in {"OUT": tmp_path, **scenario}.items()])
     assert job.wait() == 0, job.output()
     out = job.stdout()
     assert f"[local r0] mccl elastic: step {kill_at}: m2 left (a collective failed on it" in out, job.output()

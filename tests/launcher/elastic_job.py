@@ -82,6 +82,23 @@ class ElasticJob:
         return json.loads((self.out / f"{member}.json").read_text())
 
 
+def join_local(job: ElasticJob, program: str, variables) -> str:
+    """`mccl join --local 1` of `program` into `job` (with its `--env=...` `variables`), until it exits 0; its
+    output. Fails, naming the job's output, if it runs past END_S or exits otherwise."""
+    stem = job.out / "joiner"
+    joiner = start([MCCL, "join", "--local", "1", "--master-port", str(job.port), *variables, "--", "python", program],
+                   stem)
+    try:
+        code = joiner.wait(END_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(joiner.pid, signal.SIGKILL)
+        joiner.wait()
+        raise AssertionError(f"mccl join did not exit within {END_S:g} s\n{job.output()}") from None
+    joined = Path(f"{stem}.out").read_text() + Path(f"{stem}.err").read_text()
+    assert code == 0, joined[-4000:]
+    return joined
+
+
 def start(argv, stem: Path, env=None) -> subprocess.Popen:
     with open(f"{stem}.out", "w") as out, open(f"{stem}.err", "w") as err:
         return subprocess.Popen(argv, stdout=out, stderr=err, cwd=stem.parent, env=env, start_new_session=True)
@@ -103,4 +120,5 @@ def elastic_job(tmp_path):
 
 needs_proc = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds a rank's pid in /proc")
 
-__all__ = ["elastic_job", "needs_proc", "ELASTIC_RANK", "LIGHTNING_RANK", "START_S", "END_S", "ElasticJob", "start"]
+__all__ = ["elastic_job", "needs_proc", "ELASTIC_RANK", "LIGHTNING_RANK", "START_S", "END_S", "ElasticJob",
+           "join_local", "start"]

@@ -10,13 +10,12 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 from dataclasses import replace
 
 import pytest
 
-from cli_runner import MCCL, env_with_fake_ssh, run_mccl
-from elastic_job import ELASTIC_RANK, END_S, ElasticJob, elastic_job, needs_proc, start  # noqa: F401 (fixture)
+from cli_runner import env_with_fake_ssh, run_mccl
+from elastic_job import ELASTIC_RANK, ElasticJob, elastic_job, join_local, needs_proc  # noqa: F401 (fixture)
 from lightning_mccl.cli import main
 from lightning_mccl.launcher import free_port
 from lightning_mccl.launcher.elastic import elastic_plan
@@ -141,16 +140,7 @@ def test_mccl_leave_makes_one_member_leave_and_the_others_finish(elastic_job):
 def test_a_rank_started_by_mccl_join_is_admitted_and_ends_with_the_others(elastic_job, tmp_path):
     job = elastic_job(2, AWAIT_JOIN_AT=PAUSE_AT)
     job.await_file("awaiting-join")  # m0 and m1 wait at this step until j1 has posted
-    joiner = start([MCCL, "join", "--local", "1", "--master-port", str(job.port), f"--env=ELASTIC_OUT={tmp_path}",
-                     "--", "python", ELASTIC_RANK], tmp_path / "joiner")
-    try:
-        code = joiner.wait(END_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(joiner.pid, signal.SIGKILL)
-        joiner.wait()
-        raise AssertionError(f"mccl join did not exit within {END_S:g} s\n{job.output()}") from None
-    joined = (tmp_path / "joiner.out").read_text() + (tmp_path / "joiner.err").read_text()
-    assert code == 0, joined
+    joined = join_local(job, ELASTIC_RANK, [f"--env=ELASTIC_OUT={tmp_path}"])
     assert job.wait() == 0, job.output()
     assert f"mccl: joining 1 rank of local to the elastic job at 127.0.0.1:{job.port}" in joined, joined
     assert "j1 joined; 3 members now: m0, m1, j1" in job.stdout(), job.output()

@@ -32,7 +32,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..diloco.outer import OuterOptimizer, default_outer_optimizer
+from ..diloco.outer import OuterOptimizer, default_outer_optimizer, synced_tensors
 from ..diloco.settings import OUTER_LR, OUTER_MOMENTUM
 from .manager import ElasticManager
 
@@ -44,13 +44,7 @@ class ElasticDiLoCo:
                  outer_lr: float = OUTER_LR, outer_momentum: float = OUTER_MOMENTUM,
                  outer_optimizer: Optional[OuterOptimizer] = None):
         self.model, self.optimizer, self.manager = model, optimizer, manager
-        self.params = [p for p in model.parameters() if p.requires_grad and p.is_floating_point()]
-        self.buffers = [b for b in model.buffers() if b.is_floating_point()]
-        devices = {t.device for t in self.params + self.buffers}
-        if len(devices) > 1:
-            raise ValueError(f"ElasticDiLoCo needs the model on one device, its tensors are on "
-                             f"{sorted(map(str, devices))}")
-        device = devices.pop() if devices else torch.device("cpu")
+        self.params, self.buffers, device = synced_tensors(model, "ElasticDiLoCo")
         n = sum(p.numel() for p in self.params)
         self.anchor = torch.zeros(n, dtype=torch.float32, device=device)
         self.comm = torch.zeros(n + sum(b.numel() for b in self.buffers), dtype=torch.float32, device=device)

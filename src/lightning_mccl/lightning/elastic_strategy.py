@@ -30,7 +30,7 @@ epoch, and `compress` (the gradients travel in float32); each is refused naming 
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -39,9 +39,8 @@ from torch.utils._pytree import tree_map
 from typing_extensions import override
 
 import lightning.pytorch as pl
-from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.fabric.plugins import ClusterEnvironment
 from lightning.fabric.utilities.rank_zero import rank_zero_only as fabric_rank_zero_only
-from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
@@ -71,29 +70,17 @@ class MCCLElasticStrategy(MCCLBase):
             and the seed are always part of it.
         comm_metrics: True (default) adds a `CommMetrics` callback, which logs the members, each one's share of
             the global batch and its measured samples/s; False: none; or a `CommMetrics(...)` of one's own.
-        The rest are Lightning's (accelerator, parallel_devices, cluster_environment: default
-        `ElasticEnvironment`, checkpoint_io, precision_plugin, start_method) or DDP's (`static_graph`,
-        `gradient_as_bucket_view`, ...; DDP's process group, `init_sync` and `find_unused_parameters` are the
-        elastic package's).
+        cluster_environment: default `ElasticEnvironment` (the launch's variables).
+        The rest are Lightning's (accelerator, parallel_devices, checkpoint_io, precision_plugin, start_method)
+        or DDP's (`static_graph`, `gradient_as_bucket_view`, ...; DDP's process group, `init_sync` and
+        `find_unused_parameters` are the elastic package's).
     """
 
     strategy_name = "mccl_elastic"
 
-    def __init__(
-        self,
-        accelerator: Optional["pl.accelerators.Accelerator"] = None,
-        parallel_devices: Optional[list[torch.device]] = None,
-        cluster_environment: Optional[ClusterEnvironment] = None,
-        checkpoint_io: Optional[CheckpointIO] = None,
-        precision_plugin: Optional[Precision] = None,
-        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
-        settings: Optional[ElasticSettings] = None,
-        global_batch: Optional[int] = None,
-        seed: int = 0,
-        config: Any = None,
-        comm_metrics: Union[bool, CommMetrics] = True,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, settings: Optional[ElasticSettings] = None, global_batch: Optional[int] = None, seed: int = 0,
+                 config: Any = None, comm_metrics: Union[bool, CommMetrics] = True,
+                 cluster_environment: Optional[ClusterEnvironment] = None, **kwargs: Any) -> None:
         for name in ("compress", "process_group_backend", "ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper"):
             if kwargs.get(name) is not None:
                 raise ValueError(f"{OWNER}({name}=...): not taken under elastic training (the gradients travel in "
@@ -102,11 +89,9 @@ class MCCLElasticStrategy(MCCLBase):
                                          or global_batch < 1):
             raise ValueError(f"{OWNER}(global_batch={global_batch!r}): expected a positive integer")
         internals.check_checkpoint_connector()
-        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
-                         cluster_environment=cluster_environment or ElasticEnvironment(),
-                         checkpoint_io=checkpoint_io, precision_plugin=precision_plugin,
-                         process_group_backend=BACKEND, timeout=DEFAULT_TIMEOUT, start_method=start_method,
-                         compress=None, comm_metrics_option=comm_metrics, options=None, **kwargs)
+        super().__init__(cluster_environment=cluster_environment or ElasticEnvironment(), process_group_backend=BACKEND,
+                         timeout=DEFAULT_TIMEOUT, compress=None, comm_metrics_option=comm_metrics, options=None,
+                         **kwargs)
         self.settings = settings or ElasticSettings()
         self.global_batch = global_batch
         self.seed = int(seed)
