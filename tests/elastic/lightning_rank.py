@@ -41,8 +41,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 import lightning_mccl  # noqa: F401  (registers "mccl_elastic")
-from elastic_rank import EPOCHS, FEATURES, GLOBAL_BATCH, LR, MOMENTUM, NUM_SAMPLES, SETTINGS, dataset, final_state, run,
-                          wait_until)
+from elastic_rank import (EPOCHS, FEATURES, GLOBAL_BATCH, LR, MOMENTUM, NUM_SAMPLES, SETTINGS, dataset, final_state,
+                          run, wait_until)
 from lightning_mccl.lightning import MCCLElasticDiLoCoStrategy, MCCLElasticStrategy
 
 MEMBERS = 4  # the launched members: the DataLoader's batch_size x MEMBERS is the global batch
