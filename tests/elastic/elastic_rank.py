@@ -20,6 +20,9 @@ variables:
   joiner j1 has posted at the step's boundary (so it is admitted there, and trains from the next step on);
 - ELASTIC_HOLD_AT: at that step, every launched member writes <out>/holding and waits (before any collective)
   until <out>/go exists;
+- ELASTIC_CONSOLE: a path; <path>.<RANK> holds who is logged in at that launched member's screen (no file:
+  nobody), read in place of `stat /dev/console` with ElasticSettings(leave_when_owner_logs_in=True,
+  owner_poll_s=0.05);
 - ELASTIC_MODEL_INPUTS: the model's input width (default the data's, 6): another width is another model, and a
   joiner with it is refused; ELASTIC_LR: the learning rate, part of the config every member passes (another is
   another config, refused too).
@@ -34,6 +37,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +61,7 @@ def dataset():
     return x, y
 
 
-def _wait_until(condition) -> None:
+def wait_until(condition) -> None:
     deadline = time.monotonic() + WAIT_S
     while not condition():
         if time.monotonic() > deadline:
@@ -89,10 +93,14 @@ def main() -> int:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
 
+    console = Path(f"{os.environ.get('ELASTIC_CONSOLE')}.{os.environ.get('RANK')}")
+    login = {} if "ELASTIC_CONSOLE" not in os.environ else {
+        "settings": replace(SETTINGS, leave_when_owner_logs_in=True, owner_poll_s=0.05),
+        "console_user": lambda: console.read_text().strip() if console.exists() else ""}
     manager = ElasticManager.from_env(
         ElasticSampler(NUM_SAMPLES, global_batch, seed=SAMPLER_SEED),
         state_dict=lambda: {"model": model.state_dict(), "optimizer": optimizer.state_dict()},
-        load_state_dict=load, join=os.environ.get("ELASTIC_JOIN") == "1", settings=SETTINGS,
+        load_state_dict=load, join=os.environ.get("ELASTIC_JOIN") == "1", **{"settings": SETTINGS, **login},
         config={"lr": lr, "momentum": MOMENTUM, "global_batch": global_batch, "sampler_seed": SAMPLER_SEED})
     record = {"commits": [], "ledgers": {}, "boundaries": [], "first_step": None, "initial": None}
     ddp = None
@@ -108,15 +116,15 @@ def main() -> int:
                                      "shares": {m: len(ids) for m, ids in step.deal.slices.items()}})
         if manager.me == pause_member and step.index == pause_at and not (out / "paused").exists():
             (out / "paused").write_text(str(time.time()))
-            _wait_until(lambda: (out / "go").exists() or manager.leave_requested)
+            wait_until(lambda: (out / "go").exists() or manager.leave_requested)
         if manager.me.startswith("m") and step.index == await_join_at and "awaited" not in record:
             record["awaited"] = True  # until j1 posted at this step's boundary (once: the step may be redone)
             (out / "awaiting-join").write_text(str(time.time()))
-            _wait_until(lambda: manager.board.has([f"round/{manager.membership.round}/post/j1"]))
+            wait_until(lambda: manager.board.has([f"round/{manager.membership.round}/post/j1"]))
         if manager.me.startswith("m") and step.index == hold_at and "held" not in record:
             record["held"] = True
             (out / "holding").write_text(str(time.time()))
-            _wait_until(lambda: (out / "go").exists())
+            wait_until(lambda: (out / "go").exists())
         slow = manager.me == slow_member and step.index >= slow_from
         time.sleep(step_sleep + sample_s * len(step.ids) * (2 if slow else 1))
         ids = torch.as_tensor(step.ids)
@@ -134,16 +142,26 @@ def main() -> int:
     record["trained_at"] = time.time()
     manager.finish()
     record.update(finished_at=time.time(), member=manager.me, left=manager.left, steps=manager.step,
-                  weights=[p.detach().double().flatten().tolist() for p in model.parameters()],
-                  momentum=[optimizer.state[p]["momentum_buffer"].double().flatten().tolist()
-                            for p in model.parameters() if p in optimizer.state])
+                  **final_state(model, optimizer))
     (out / f"{manager.me}.json").write_text(json.dumps(record))
     return 0
 
 
-if __name__ == "__main__":
+def final_state(model, optimizer) -> dict:
+    """The weights and SGD's momentum buffers as lists of float64 (what the tests compare bit for bit)."""
+    return {"weights": [p.detach().double().flatten().tolist() for p in model.parameters()],
+            "momentum": [optimizer.state[p]["momentum_buffer"].double().flatten().tolist()
+                         for p in model.parameters() if p in optimizer.state]}
+
+
+def run(main) -> None:
+    """Exits with main()'s code; a member that fails writes <ELASTIC_OUT>/failed-<pid> (the time) first."""
     try:
         sys.exit(main())
     except Exception:
         (Path(os.environ["ELASTIC_OUT"]) / f"failed-{os.getpid()}").write_text(str(time.time()))
         raise
+
+
+if __name__ == "__main__":
+    run(main)

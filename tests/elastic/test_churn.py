@@ -116,12 +116,16 @@ def test_a_member_killed_or_stopped_mid_step_the_others_finish_every_epoch(job, 
     assert starts and starts[0] - t_fail < (10.0 if how == "kill" else 15.0), timing
 
 
-@pytest.mark.parametrize("how", ["sigterm", "store"])
-def test_a_member_asked_to_leave_exits_0_and_the_others_finish(job, how):
-    j = job(4, ELASTIC_PAUSE_MEMBER="m2", ELASTIC_PAUSE_AT=PAUSE_AT)
+@pytest.mark.parametrize("how", ["sigterm", "store", "login"])
+def test_a_member_asked_to_leave_exits_0_and_the_others_finish(job, tmp_path, how):
+    console = {"ELASTIC_CONSOLE": str(tmp_path / "console")} if how == "login" else {}
+    j = job(4, ELASTIC_PAUSE_MEMBER="m2", ELASTIC_PAUSE_AT=PAUSE_AT, **console)
     j.await_file("paused", START_S)
     if how == "sigterm":
         t_ask = j.signal("m2", signal.SIGTERM)
+    elif how == "login":  # every member watches its own file; m2's says someone logged in at its screen
+        t_ask = time.time()
+        (tmp_path / "console.2").write_text("alice\n")
     else:
         import torch.distributed as dist
         from datetime import timedelta
@@ -136,7 +140,7 @@ def test_a_member_asked_to_leave_exits_0_and_the_others_finish(job, how):
     leaver = j.result("m2")
     assert leaver["left"] and leaver["steps"] == PAUSE_AT + 1  # its last step was applied by everyone
     assert all(b["committed"] for b in results["m0"]["boundaries"])
-    why = "it asked to leave" if how == "sigterm" else "mccl leave"
+    why = {"sigterm": "it got SIGTERM", "store": "mccl leave", "login": "its owner alice logged in at the console"}[how]
     assert f"m2 left ({why})" in j.output("m0") and f"member m2 left the job at step {PAUSE_AT + 1}" in j.output("m2")
     print(f"\nleave ({how}) -> {recovery(results, t_ask)}")
 

@@ -143,7 +143,7 @@ def test_leave_on_request_and_through_the_log_and_host_0_stays(world):
     w.round({m: OK for m in w.members})
     request_leave(w.board("cli"), "m3", "mccl leave")
     request_leave(w.board("cli"), "m0", "mccl leave")
-    posts = {"m0": OK, "m1": Post(ok=True, leaving=True, digest="d"), "m2": OK, "m3": OK}
+    posts = {"m0": OK, "m1": Post(ok=True, leaving="it asked to leave", digest="d"), "m2": OK, "m3": OK}
     d = w.round(posts)["m3"]
     assert d.commit  # the leavers' last step is applied
     assert d.members == ("m0", "m2") and set(d.left) == {"m1", "m3"}

@@ -7,25 +7,22 @@ the others finish), a rank started by `mccl join` that the others admit, and, ov
 rank was killed started again as a joiner once it answers ssh."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import subprocess
-import time
-from pathlib import Path
+from dataclasses import replace
 
 import pytest
 
-from cli_runner import MCCL, env_with_fake_ssh, require_script, run_mccl
+from cli_runner import env_with_fake_ssh, run_mccl
+from elastic_job import ELASTIC_RANK, ElasticJob, elastic_job, join_local, needs_proc  # noqa: F401 (fixture)
 from lightning_mccl.cli import main
 from lightning_mccl.launcher import free_port
+from lightning_mccl.launcher.elastic import elastic_plan
+from lightning_mccl.launcher.launch_plan import LEAVE_ON_LOGIN_VAR, local_plan
 
-ELASTIC_RANK = str(Path(__file__).resolve().parents[1] / "elastic" / "elastic_rank.py")
 STEPS = 36  # elastic_rank.py's 3 epochs of 12 steps
 PAUSE_AT = 5
-START_S = 60.0  # until the paused member says so
-END_S = 90.0  # then until the launcher exits
 
 
 @pytest.mark.parametrize("args, message", [
@@ -39,6 +36,8 @@ END_S = 90.0  # then until the launcher exits
      "--min-nodes 3 is more than the 2 nodes of --local 2: the job would end at once"),
     (["launch", "--hostfile", "{fleet}", "--elastic", "--min-nodes", "4", "--", "true"],
      "--min-nodes 4 is more than the 3 hosts of {fleet}: the job would end at once"),
+    (["launch", "--local", "3", "--leave-on-login", "--", "true"],
+     "--leave-on-login needs --elastic (without it, a rank that leaves ends the job)"),
     (["launch", "--local", "3", "--elastic", "--max-restarts", "1", "--", "true"],
      "--max-restarts restarts every rank after a failure, --elastic goes on without the failed one: give one of them"),
     (["leave", "--hostfile", "{fleet}", "mac-9"],
@@ -62,6 +61,16 @@ def test_bad_elastic_input_exits_2_naming_the_cause(tmp_path, capsys, args, mess
     assert message.format(fleet=fleet) in err, err
 
 
+def test_leave_on_login_reaches_every_rank_of_an_elastic_job_and_its_joiners():
+    plan = elastic_plan(local_plan(2, ["python", "train.py"], master_port=29500), None, "--local 2")
+    assert LEAVE_ON_LOGIN_VAR not in plan.rank_env(0, 0, {})
+    plan = replace(plan, leave_on_login=True)
+    assert all(plan.rank_env(0, r, {})[LEAVE_ON_LOGIN_VAR] == "1" for r in range(2))
+    assert replace(plan, joining="local").rank_env(0, 0, {})[LEAVE_ON_LOGIN_VAR] == "1"
+    # never copied from the launcher's own environment: the flag decides
+    assert LEAVE_ON_LOGIN_VAR not in replace(plan, leave_on_login=False).rank_env(0, 0, {LEAVE_ON_LOGIN_VAR: "1"})
+
+
 def test_leave_names_the_address_when_the_store_cannot_be_reached(capsys):
     port = free_port()
     assert main(["leave", "--master", f"127.0.0.1:{port}", "--timeout", "2", "m1"]) == 1
@@ -69,89 +78,9 @@ def test_leave_names_the_address_when_the_store_cannot_be_reached(capsys):
     assert f"cannot reach the job's Store at 127.0.0.1:{port} (timeout 2 s): Connection refused" in err, err
 
 
-class ElasticJob:
-    """`mccl launch --local N --elastic ...` of elastic_rank.py on a free port (or --hostfile with `options` and
-    `env`, the fake ssh's), its output in files."""
-
-    def __init__(self, tmp_path: Path, ranks: int, *options: str, env=None, **scenario):
-        require_script()
-        self.out, self.port = tmp_path, free_port()
-        variables = [f"--env=ELASTIC_{k}={v}" for k, v in {"OUT": tmp_path, **scenario}.items()]
-        where = ["--local", str(ranks)] if ranks else []
-        self.launcher = _start([MCCL, "launch", *where, "--elastic", *options, "--master-port", str(self.port),
-                                *variables, "--", "python", ELASTIC_RANK], tmp_path / "launcher", env)
-
-    def await_file(self, name: str) -> None:
-        deadline = time.monotonic() + START_S
-        while not (self.out / name).exists():
-            if self.launcher.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise AssertionError(f"{name} was not written within {START_S:g} s\n{self.output()}")
-            time.sleep(0.05)
-
-    def member_pid(self, rank: int) -> int:
-        """The pid of the rank program of `rank` (its environment says ELASTIC_OUT and RANK)."""
-        wanted = {f"ELASTIC_OUT={self.out}".encode(), f"RANK={rank}".encode()}
-        for entry in Path("/proc").iterdir():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-                environ = set((entry / "environ").read_bytes().split(b"\0"))
-            except OSError:
-                continue
-            if b"elastic_rank.py" in cmdline and wanted <= environ:
-                return int(entry.name)
-        self.kill()
-        raise AssertionError(f"no process of rank {rank}\n{self.output()}")
-
-    def wait(self) -> int:
-        try:
-            return self.launcher.wait(END_S)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            raise AssertionError(f"the launcher did not exit within {END_S:g} s\n{self.output()}") from None
-
-    def kill(self) -> None:
-        if self.launcher.poll() is None:
-            os.killpg(self.launcher.pid, signal.SIGKILL)
-            self.launcher.wait()
-
-    def stdout(self) -> str:
-        return (self.out / "launcher.out").read_text()
-
-    def stderr(self) -> str:
-        return (self.out / "launcher.err").read_text()
-
-    def output(self) -> str:
-        return f"stdout:\n{self.stdout()[-6000:]}\nstderr:\n{self.stderr()}"
-
-    def result(self, member: str) -> dict:
-        return json.loads((self.out / f"{member}.json").read_text())
-
-
-def _start(argv, stem: Path, env=None) -> subprocess.Popen:
-    with open(f"{stem}.out", "w") as out, open(f"{stem}.err", "w") as err:
-        return subprocess.Popen(argv, stdout=out, stderr=err, cwd=stem.parent, env=env, start_new_session=True)
-
-
-@pytest.fixture
-def elastic_job(tmp_path):
-    jobs = []
-
-    def start(*args, **scenario):
-        jobs.append(ElasticJob(tmp_path, *args, **scenario))
-        return jobs[-1]
-
-    yield start
-    for job in jobs:
-        job.kill()
-
-
 def _kill_member_2(job: ElasticJob) -> None:
     job.await_file("paused")  # m2 waits in its step; m0 and m1 wait for it in the step's allreduce
     os.kill(job.member_pid(2), signal.SIGKILL)
-
-
-needs_proc = pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds a rank's pid in /proc")
 
 
 @pytest.mark.slow
@@ -211,16 +140,7 @@ def test_mccl_leave_makes_one_member_leave_and_the_others_finish(elastic_job):
 def test_a_rank_started_by_mccl_join_is_admitted_and_ends_with_the_others(elastic_job, tmp_path):
     job = elastic_job(2, AWAIT_JOIN_AT=PAUSE_AT)
     job.await_file("awaiting-join")  # m0 and m1 wait at this step until j1 has posted
-    joiner = _start([MCCL, "join", "--local", "1", "--master-port", str(job.port), f"--env=ELASTIC_OUT={tmp_path}",
-                     "--", "python", ELASTIC_RANK], tmp_path / "joiner")
-    try:
-        code = joiner.wait(END_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(joiner.pid, signal.SIGKILL)
-        joiner.wait()
-        raise AssertionError(f"mccl join did not exit within {END_S:g} s\n{job.output()}") from None
-    joined = (tmp_path / "joiner.out").read_text() + (tmp_path / "joiner.err").read_text()
-    assert code == 0, joined
+    joined = join_local(job, ELASTIC_RANK, [f"--env=ELASTIC_OUT={tmp_path}"])
     assert job.wait() == 0, job.output()
     assert f"mccl: joining 1 rank of local to the elastic job at 127.0.0.1:{job.port}" in joined, joined
     assert "j1 joined; 3 members now: m0, m1, j1" in job.stdout(), job.output()

@@ -27,7 +27,8 @@ def _registered(registry, cls) -> dict:
 def test_registered_names_mirror_lightning_ddp_without_ddp():
     from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
-    from lightning_mccl.lightning import MCCLDiLoCoStrategy, MCCLStrategy
+    from lightning_mccl.lightning import (MCCLDiLoCoStrategy, MCCLElasticDiLoCoStrategy, MCCLElasticStrategy,
+                                          MCCLStrategy)
 
     expected = {
         "mccl": {"start_method": "popen"},
@@ -47,6 +48,9 @@ def test_registered_names_mirror_lightning_ddp_without_ddp():
         assert type(strategy) is MCCLStrategy and strategy.process_group_backend == "mccl"
         assert strategy._ddp_kwargs["find_unused_parameters"] is params.get("find_unused_parameters", False)
     assert _registered(StrategyRegistry, MCCLDiLoCoStrategy) == {"mccl_diloco": {"start_method": "popen"}}
+    assert _registered(StrategyRegistry, MCCLElasticStrategy) == {"mccl_elastic": {"start_method": "popen"}}
+    assert _registered(StrategyRegistry, MCCLElasticDiLoCoStrategy) == {
+        "mccl_elastic_diloco": {"start_method": "popen"}}
     # every popen/spawn registration of DDPStrategy has its mccl twin (fork ones are left out on purpose)
     ddp_names = {n for n in StrategyRegistry.available_strategies() if StrategyRegistry[n]["strategy"] is DDPStrategy}
     assert {n.replace("ddp", "mccl") for n in ddp_names if "fork" not in n and "notebook" not in n} <= set(ours)
@@ -54,7 +58,7 @@ def test_registered_names_mirror_lightning_ddp_without_ddp():
 
 def test_fabric_registers_the_same_table_without_diloco():
     """One table (names.py) for both registries: Fabric has every name of the Trainer's DDP strategy, each with
-    the same arguments (DiLoCo is the Trainer's only)."""
+    the same arguments (DiLoCo and the elastic strategies are the Trainer's only)."""
     from lightning.fabric.strategies import STRATEGY_REGISTRY
     from lightning.pytorch.strategies import StrategyRegistry
 
@@ -62,7 +66,7 @@ def test_fabric_registers_the_same_table_without_diloco():
 
     trainer = _registered(StrategyRegistry, MCCLStrategy)
     assert _registered(STRATEGY_REGISTRY, MCCLFabricStrategy) == trainer
-    assert "mccl_diloco" not in STRATEGY_REGISTRY
+    assert not {"mccl_diloco", "mccl_elastic", "mccl_elastic_diloco"} & set(STRATEGY_REGISTRY)
     strategy = STRATEGY_REGISTRY.get("mccl_spawn_find_unused_parameters_true")
     assert type(strategy) is MCCLFabricStrategy and strategy._ddp_kwargs["find_unused_parameters"] is True
     assert STRATEGY_REGISTRY.get("mccl_bf16_compress").compress == "bf16"

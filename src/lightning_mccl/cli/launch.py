@@ -56,7 +56,8 @@ Elastic (``--elastic [--min-nodes K]``, for a program driven by `lightning_mccl.
 rank that exits, with any code, stops no other; the members go on without it, and each membership change is one
 line of theirs. Every rank gets MCCL_ELASTIC=1 and, with ``--min-nodes K``, MCCL_ELASTIC_MIN_MEMBERS (K times
 the ranks of a node; with ``--local N`` each rank counts as a node), which ``ElasticManager.from_env`` reads: fewer
-members end the job. The exit code is rank 0's (host 0 serves the Store and must stay); the last line lists the
+members end the job; with ``--leave-on-login``, MCCL_ELASTIC_LEAVE_ON_LOGIN=1: a rank leaves when someone logs in
+at its Mac's screen (lightning_mccl.elastic.owner), exits 0 and is not started again. The exit code is rank 0's (host 0 serves the Store and must stay); the last line lists the
 membership changes, or says that the job ended because fewer members than the minimum remained. Over ssh, a
 host that left without being asked (its ranks exited with a non-zero code) starts again as a joiner once it
 answers ``ssh HOST true`` (`lightning_mccl.launcher.elastic.Rejoins`). `mccl leave` asks a host to leave, and
@@ -138,6 +139,8 @@ def add_arguments(parser: argparse.ArgumentParser, joining: bool = False) -> Non
     if joining:
         parser.add_argument("--min-nodes", metavar="K", type=positive_int,
                             help="the job's --min-nodes: the joiners decide who is in with the others")
+        parser.add_argument("--leave-on-login", action="store_true",
+                            help="a joining rank leaves the job when someone logs in at its Mac's screen (macOS)")
     else:
         parser.add_argument("--max-restarts", metavar="N", type=non_negative_int, default=0,
                             help="when a rank fails, stop all ranks and start them all again, up to N times "
@@ -148,6 +151,9 @@ def add_arguments(parser: argparse.ArgumentParser, joining: bool = False) -> Non
         parser.add_argument("--min-nodes", metavar="K", type=positive_int,
                             help="with --elastic: end the job when fewer than K nodes remain (with --local N, K "
                                  "ranks); default: go on while host 0 remains")
+        parser.add_argument("--leave-on-login", action="store_true",
+                            help="with --elastic: a rank leaves the job when someone logs in at its Mac's screen "
+                                 "(macOS; the others go on), so that the Mac is its owner's again")
     parser.add_argument("--caffeinate", action=argparse.BooleanOptionalAction, default=None,
                         help="keep each host awake while its ranks run (`caffeinate -ims`); default: on for "
                              "macOS hosts, off elsewhere")
@@ -200,6 +206,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     """`mccl launch`: returns the exit code (parser.error exits 2 on bad input)."""
     if args.min_nodes is not None and not args.elastic:
         parser.error(f"--min-nodes {args.min_nodes} needs --elastic (without it, the first rank to exit ends the job)")
+    if args.leave_on_login and not args.elastic:
+        parser.error("--leave-on-login needs --elastic (without it, a rank that leaves ends the job)")
     if args.elastic and args.max_restarts:
         parser.error("--max-restarts restarts every rank after a failure, --elastic goes on without the failed one: "
                      "give one of them")
@@ -209,7 +217,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
             plan = elastic_plan(plan, args.min_nodes, fleet_source(args))
         except LaunchError as e:
             parser.error(str(e))
-    plan = replace(plan, max_restarts=args.max_restarts)
+    plan = replace(plan, max_restarts=args.max_restarts, leave_on_login=args.leave_on_login)
     log = make_log(stderr_console())
     warn_secret_values(args.env, log)
     log(f"launching {plan.describe()}{' (elastic)' if plan.elastic else ''}: {shlex.join(plan.command)}")
@@ -232,6 +240,7 @@ def run_join(args: argparse.Namespace, parser: argparse.ArgumentParser, command:
         plan = join_plan(plan, args.host, args.min_nodes, fleet_source(args))
     except LaunchError as e:
         parser.error(str(e))
+    plan = replace(plan, leave_on_login=args.leave_on_login)
     log = make_log(stderr_console())
     warn_secret_values(args.env, log)
     ranks = len(plan.rank_specs())

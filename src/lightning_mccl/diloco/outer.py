@@ -63,6 +63,18 @@ FIRST_RELEASE = {"warm_start": WARM_START, "fragments": FRAGMENTS, "qsr_alpha": 
 OuterOptimizer = Callable[[List[torch.Tensor]], torch.optim.Optimizer]  # makes the outer optimizer of the anchor
 
 
+def synced_tensors(model: torch.nn.Module, owner: str) -> tuple:
+    """(the trainable floating-point parameters, the floating-point buffers, their device) of the `model` DiLoCo
+    syncs; ValueError naming `owner` when they are on more than one device."""
+    params = [p for p in model.parameters() if p.requires_grad and p.is_floating_point()]
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+    devices = {t.device for t in params + buffers}
+    if len(devices) > 1:
+        raise ValueError(f"{owner}: DiLoCo needs the model on one device, its tensors are on "
+                         f"{sorted(map(str, devices))}")
+    return params, buffers, devices.pop() if devices else torch.device("cpu")
+
+
 def default_outer_optimizer(outer_lr: float, outer_momentum: float) -> OuterOptimizer:
     """SGD with `outer_lr` and Nesterov momentum `outer_momentum` (none at 0): the DiLoCo paper's outer step."""
     def make(params: List[torch.Tensor]) -> torch.optim.Optimizer:
@@ -116,16 +128,10 @@ class DiLoCo:
         self.schedule = Schedule(sync_every, sync_delay, fragments, warm_start, qsr_alpha, max_sync_every)
         self.averaging = averaging if averaging is not None else AllreduceMean()
         self.group = group if group is not None else getattr(self.averaging, "group", None)
-        self.params = [p for p in model.parameters() if p.requires_grad and p.is_floating_point()]
-        self.buffers = [b for b in model.buffers() if b.is_floating_point()]
+        self.params, self.buffers, device = synced_tensors(model, owner)
         if fragments > len(self.params):
             raise ValueError(f"{owner}(fragments={fragments}): the model has {len(self.params)} trainable "
                              f"parameter tensors, and each fragment is one or more of them")
-        devices = {t.device for t in self.params + self.buffers}
-        if len(devices) > 1:
-            raise ValueError(f"{owner}: DiLoCo needs the model on one device, its tensors are on "
-                             f"{sorted(map(str, devices))}")
-        device = devices.pop() if devices else torch.device("cpu")
         n = sum(p.numel() for p in self.params)
         f32 = dict(dtype=torch.float32, device=device)
         self.anchor, self.own = torch.zeros(n, **f32), torch.zeros(n, **f32)

@@ -39,13 +39,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..launcher.launch_plan import launched_as_joiner, with_launched_minimum
+from ..launcher.launch_plan import launched_as_joiner, with_launched_settings
 from ..rendezvous import rendezvous
-from . import fingerprint, state_transfer
+from . import fingerprint, owner, state_transfer
 from .board import Board, Pauses
 from .errors import Diverged, ElasticError, Removed, TooFewMembers
 from .liveness import Heartbeat, Stillness
 from .membership import Decision, Membership, Post, member_id
+from .owner import OwnerWatch
 from .pace import Speedometer, changed_materially
 from .process_group import ElasticProcessGroup
 from .sampler import Deal, ElasticSampler
@@ -82,24 +83,30 @@ class ElasticManager:
     members that lack it. `members`: the initial quorum (a joiner passes none). `connect()`: a new client of
     the job's Store (for the heartbeat thread). `config`: the run's settings, a string or anything JSON-able,
     which a joiner must share with the job (fingerprint.py: so must the versions and the model's tensors), or it
-    is refused with `JoinRefused`."""
+    is refused with `JoinRefused`. `fingerprint_of()`: what of the state the fingerprint compares, when not all of
+    `state_dict()` (a Lightning checkpoint holds tensors that only a member which trained has, such as a
+    callback's best score). `console_user()`: who is logged in at this Mac's screen, which
+    `ElasticSettings.leave_when_owner_logs_in` watches (owner.py; a stand-in in the tests)."""
 
     def __init__(self, store: dist.Store, *, member: str, members: Sequence[str], sampler: ElasticSampler,
                  state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None],
                  connect: Callable[[], dist.Store], address: str, settings: Optional[ElasticSettings] = None,
-                 leave_on_sigterm: bool = True, say: Optional[Callable[[str], None]] = None, config: Any = None):
+                 leave_on_sigterm: bool = True, say: Optional[Callable[[str], None]] = None, config: Any = None,
+                 fingerprint_of: Optional[Callable[[], Any]] = None,
+                 console_user: Callable[[], Optional[str]] = owner.console_user):
         self.settings = settings or ElasticSettings()
         self.sampler = sampler
         self._state_dict = state_dict
         self._load_state_dict = load_state_dict
         self._say = say or (lambda line: print(f"mccl elastic: {line}", file=sys.stderr, flush=True))
         self.board = Board(store, member or "(a joiner)", address)
+        fingerprint_of = fingerprint_of or state_dict
         if not members:
             info = {"host": socket.gethostname(), "pid": os.getpid()}
-            fingerprint.admit(self.board, fingerprint.of(state_dict, config), info, self.settings.timeout)
+            fingerprint.admit(self.board, fingerprint.of(fingerprint_of, config), info, self.settings.timeout)
             member = self.board.member = Membership.register_joiner(self.board, info)
         elif member == STORE_HOST:
-            fingerprint.publish(self.board, fingerprint.of(state_dict, config))
+            fingerprint.publish(self.board, fingerprint.of(fingerprint_of, config))
         self.me = member
         self.membership = Membership(self.board, member, self.settings, members, STORE_HOST, self._say,
                                      global_batch=sampler.global_batch)
@@ -109,6 +116,9 @@ class ElasticManager:
                                       report=self.report_error)
         self.heartbeat = Heartbeat(connect, self.me, address, self.settings.heartbeat_s)
         self.heartbeat.start()
+        self.owner = OwnerWatch(console_user, self.request_leave, self.settings.owner_poll_s)
+        if self.settings.leave_when_owner_logs_in:
+            self.owner.start()
         # Stopped before the interpreter finalizes: a daemon thread still inside a Store call then would end
         # the process with std::terminate.
         atexit.register(self.close)
@@ -132,9 +142,10 @@ class ElasticManager:
                  *, join: bool = False, settings: Optional[ElasticSettings] = None, **kwargs) -> "ElasticManager":
         """A member started by a launcher (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE: every initial member
         waits at the rendezvous for all of them), or with `join=True` a process joining a running job. What
-        `mccl launch --elastic` and `mccl join` say win: the minimum of members, and joining (launch_plan).
-        `kwargs` go to the constructor (`config`, `say`, `leave_on_sigterm`)."""
-        settings, join = with_launched_minimum(settings or ElasticSettings()), join or launched_as_joiner()
+        `mccl launch --elastic` and `mccl join` say win: the minimum of members, leaving when the owner logs in,
+        and joining (launch_plan).
+        `kwargs` go to the constructor (`config`, `say`, `leave_on_sigterm`, `fingerprint_of`, `console_user`)."""
+        settings, join = with_launched_settings(settings or ElasticSettings()), join or launched_as_joiner()
         addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         timeout = settings.group_timeout
 
@@ -171,6 +182,12 @@ class ElasticManager:
     def decision(self) -> Optional[Decision]:
         """The latest step boundary's decision."""
         return self._decision
+
+    @property
+    def members(self) -> Sequence[str]:
+        """The members of the group now formed, in rank order: those that trained the current (or the last) step;
+        empty before the first step."""
+        return self._members
 
     @property
     def leave_requested(self) -> bool:
@@ -261,7 +278,8 @@ class ElasticManager:
                     self._suspects.add(suspect)
 
     def request_leave(self, why: str = "it asked to leave") -> None:
-        """Leave at the next step boundary (after this step commits or is dropped). Safe in a signal handler."""
+        """Leave at the next step boundary (after this step commits or is dropped), saying `why` in the members'
+        line. Safe in a signal handler and from another thread."""
         self._leave = why
 
     # ---- the step boundary ---------------------------------------------------------------------------------
@@ -270,7 +288,7 @@ class ElasticManager:
         if self.heartbeat.error is not None:
             raise self.heartbeat.error
         with self._lock:
-            post = Post(ok=self._error is None, why=self._error or "", leaving=bool(self._leave),
+            post = Post(ok=self._error is None, why=self._error or "", leaving=self._leave,
                         has_state=self.has_state, digest=self._digest() if self.has_state else "",
                         suspects=tuple(sorted(self._suspects)), rate=self.speed.rate)
             self._error, self._suspects = None, set()
@@ -381,6 +399,7 @@ class ElasticManager:
         """Stop the heartbeat and the group (also at exit, and when a `with` block ends)."""
         atexit.unregister(self.close)
         self.heartbeat.stop()
+        self.owner.stop()
         self.pg.abort("the manager was closed")
         if self._old_sigterm is not None:
             signal.signal(signal.SIGTERM, self._old_sigterm)

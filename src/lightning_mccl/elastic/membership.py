@@ -55,7 +55,7 @@ class Post:
 
     ok: bool  # its step succeeded (every collective, no error reported)
     why: str = ""  # when not ok: the first error
-    leaving: bool = False
+    leaving: str = ""  # why it asks to leave ("it got SIGTERM", "its owner ... logged in"); "": it stays
     has_state: bool = True  # holds the training state (a joiner does not, until it is sent)
     digest: str = ""  # of the state it holds (the sampler's, and the committed step)
     suspects: Tuple[str, ...] = ()  # members an engine error named
@@ -201,7 +201,7 @@ class Membership:
         removed = dict(gone)
         left = []
         for m in posted:
-            why = "it asked to leave" if posts[m].leaving else self._asked_to_leave.get(m)
+            why = posts[m].leaving or self._asked_to_leave.get(m)
             if why and m == self.store_host:
                 self._say(f"member {m} serves the Store on host 0 and must stay: its request to leave is refused")
             elif why:

@@ -15,6 +15,9 @@ And how each member's share of the global batch follows its measured speed (pace
 speed*): `pace` turns it on, `pace_smoothing` is the weight of the newest step in a member's rate,
 `pace_min_share` the least share a member gets as a fraction of an equal share, `pace_after_steps` how many
 steps a member measures before its rate counts.
+
+And whether a member leaves when someone logs in at its Mac's screen (owner.py): `leave_when_owner_logs_in`
+(off by default; `mccl launch --elastic --leave-on-login` turns it on), looked at every `owner_poll_s`.
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ class ElasticSettings:
     pace_smoothing: float = 0.5  # the weight of the newest step in a member's rate (a moving average)
     pace_min_share: float = 0.25  # the least share of a member, as a fraction of an equal share
     pace_after_steps: int = 3  # the steps a member measures before its rate counts
+    leave_when_owner_logs_in: bool = False  # a member leaves when someone logs in at its Mac's screen (owner.py)
+    owner_poll_s: float = 5.0  # how often it looks
 
     def __post_init__(self):
         for f in fields(self):

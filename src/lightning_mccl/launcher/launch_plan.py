@@ -25,13 +25,15 @@ DEFAULT_SSH = "ssh -o BatchMode=yes -o ConnectTimeout=10 -o ServerAliveInterval=
 DEFAULT_GRACE_S = 10.0
 LOCAL_ADDR = "127.0.0.1"
 LOCAL_HOST_NAME = "local"
-# What an elastic job's ranks get (`elastic`; read by `ElasticManager.from_env` through `with_launched_minimum` and
-# `launched_as_joiner`): MCCL_ELASTIC=1; the fewest members the job goes on with (--min-nodes K times the ranks
-# of a node), only when --min-nodes is given; MCCL_ELASTIC_JOIN=1 for a rank `mccl join` starts.
+# What an elastic job's ranks get (`elastic`; read by `ElasticManager.from_env` through `with_launched_settings`
+# and `launched_as_joiner`): MCCL_ELASTIC=1; the fewest members the job goes on with (--min-nodes K times the ranks
+# of a node), only when --min-nodes is given; MCCL_ELASTIC_LEAVE_ON_LOGIN=1 with --leave-on-login;
+# MCCL_ELASTIC_JOIN=1 for a rank `mccl join` starts.
 ELASTIC_VAR = "MCCL_ELASTIC"
 MIN_MEMBERS_VAR = "MCCL_ELASTIC_MIN_MEMBERS"
+LEAVE_ON_LOGIN_VAR = "MCCL_ELASTIC_LEAVE_ON_LOGIN"
 JOIN_VAR = "MCCL_ELASTIC_JOIN"
-ELASTIC_VARS = (ELASTIC_VAR, MIN_MEMBERS_VAR, JOIN_VAR)
+ELASTIC_VARS = (ELASTIC_VAR, MIN_MEMBERS_VAR, LEAVE_ON_LOGIN_VAR, JOIN_VAR)
 # Set per host, per attempt or per job by the launcher, so never copied from the launcher's own environment.
 PER_HOST_VARS = ("MCCL_SOCKET_IFNAME", "MCCL_NODE_RANK", "MCCL_RESTART_COUNT", "MCCL_MAX_RESTARTS", *ELASTIC_VARS)
 # `python -c` program that runs the rank shim's source, passed (base64) as its first argument.
@@ -89,7 +91,8 @@ class LaunchPlan:
     """Where and how every rank runs. ``ssh=None``: all hosts are this machine (``--local``), or network
     namespaces of it (``netns``: host i's ranks run in namespace netns[i], see `lightning_mccl.switch`).
     ``env`` (the ``--env`` variables, maybe an API token) is left out of the repr. ``elastic``: the ranks go on
-    when one exits (`elastic`), and go on with at least ``min_members`` (None: the elastic layer's default);
+    when one exits (`elastic`), and go on with at least ``min_members`` (None: the elastic layer's default); with
+    ``leave_on_login`` a rank leaves when someone logs in at its Mac's screen;
     ``joining``: only that host's ranks run, joining the running job (`mccl join`)."""
 
     hosts: Tuple[Host, ...]
@@ -108,6 +111,7 @@ class LaunchPlan:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])  # one per job, kept by restarts
     elastic: bool = False
     min_members: Optional[int] = None
+    leave_on_login: bool = False
     joining: Optional[str] = None
 
     @property
@@ -160,6 +164,8 @@ class LaunchPlan:
             env[ELASTIC_VAR] = "1"
             if self.min_members is not None:
                 env[MIN_MEMBERS_VAR] = str(self.min_members)
+            if self.leave_on_login:
+                env[LEAVE_ON_LOGIN_VAR] = "1"
             if self.joining is not None:
                 env[JOIN_VAR] = "1"
         ifname = self.hosts[node_rank].ifname
@@ -218,10 +224,13 @@ class LaunchPlan:
         return f"{ranks} {where} (master {self.master_addr}:{self.master_port})"
 
 
-def with_launched_minimum(settings: Settings, environ: Optional[Mapping[str, str]] = None) -> Settings:
-    """A rank's side: `settings` (an `ElasticSettings`) with ``min_members`` from MCCL_ELASTIC_MIN_MEMBERS when
-    the launcher set it; ValueError naming the variable when it is not a positive integer."""
+def with_launched_settings(settings: Settings, environ: Optional[Mapping[str, str]] = None) -> Settings:
+    """A rank's side: `settings` (an `ElasticSettings`) with what the launcher set: ``min_members`` from
+    MCCL_ELASTIC_MIN_MEMBERS (ValueError naming the variable when it is not a positive integer), and
+    ``leave_when_owner_logs_in`` from MCCL_ELASTIC_LEAVE_ON_LOGIN=1."""
     environ = os.environ if environ is None else environ
+    if environ.get(LEAVE_ON_LOGIN_VAR, "") == "1":
+        settings = replace(settings, leave_when_owner_logs_in=True)
     text = environ.get(MIN_MEMBERS_VAR, "")
     if not text:
         return settings

@@ -24,6 +24,12 @@ Under `MCCLStrategy(sync="diloco")` the counters are the outer group's (`strateg
 no collective of their own), and the exposed time is the time the loop waited for an outer sync only: that
 allreduce runs across the steps that follow it, so its span is not the step's tail.
 
+Under the elastic strategies (`MCCLElasticStrategy`, `MCCLElasticDiLoCoStrategy`) the members change while the
+fit runs, so it logs what the step boundaries decided instead, every N steps, from the latest decision (the same
+on every member; no exchange): `comm/members` (how many trained the step), and per member id `comm/share/<id>`
+(its samples of the global batch, or of the round's) and `comm/samples_per_s/<id>` (the measured rate its share
+follows, 0 while not measured yet; docs/elastic.md, *Pace by speed*).
+
 At the end of fit rank 0 prints the per-host table (straggler.py) and one line: the communication share
 of the step time, the exposed share, goodput and bytes per step; then the strategy's communication mode
 (`compress`, DDP or DiLoCo, H) and what it cost in accuracy on the project's benchmark task (accuracy_costs.py).
@@ -74,6 +80,7 @@ class CommMetrics(Callback):
         self._backend = None
         self._overlapped = False  # the outer group of sync="diloco"
         self._mode: Optional[dict] = None  # the strategy's comm_mode(), for the summary
+        self._manager = None  # an elastic strategy's ElasticManager
 
     # -- hooks -------------------------------------------------------------------------------------------
 
@@ -82,6 +89,10 @@ class CommMetrics(Callback):
         self._backend, self._overlapped = mccl_backend(outer), outer is not None
         comm_mode = getattr(trainer.strategy, "comm_mode", None)  # the mccl strategies'
         self._mode = asdict(comm_mode()) if callable(comm_mode) else None
+        self._manager = getattr(trainer.strategy, "manager", None)  # the elastic strategies'
+        if self._manager is not None:
+            self._n, self._steps = self.every_n_steps or max(1, trainer.log_every_n_steps), 0
+            return
         if self._backend is None:
             return  # not on mccl (e.g. process_group_backend="gloo"): nothing to count
         self._n = self.every_n_steps or max(1, trainer.log_every_n_steps)
@@ -95,6 +106,11 @@ class CommMetrics(Callback):
             self._step_counters = self._backend.stats()
 
     def on_train_batch_end(self, trainer, pl_module, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._manager is not None:
+            self._steps += 1
+            if self._steps % self._n == 0:
+                self._log_shares(trainer)
+            return
         if self._backend is None:
             return
         step_s = time.perf_counter() - self._step_start
@@ -157,6 +173,19 @@ class CommMetrics(Callback):
         for logger in trainer.loggers:
             logger.log_metrics(logged, step=trainer.global_step)
         self._begin_window()  # after the exchange: its own traffic is not counted
+
+    def _log_shares(self, trainer: "pl.Trainer") -> None:
+        """The latest step boundary's membership, shares and rates (the elastic strategies)."""
+        decision = self._manager.decision
+        if decision is None or not decision.shares:
+            return
+        logged: Dict[str, float] = {PREFIX + "members": float(len(decision.members))}
+        rates = decision.rates or (0.0,) * len(decision.members)
+        for member, share, rate in zip(decision.members, decision.shares, rates):
+            logged[f"{PREFIX}share/{member}"] = float(share)
+            logged[f"{PREFIX}samples_per_s/{member}"] = float(rate)
+        for logger in trainer.loggers:
+            logger.log_metrics(logged, step=trainer.global_step)
 
     def _gather(self, values: List[float]) -> List[RankWindow]:
         mine = torch.tensor(values, dtype=torch.float64)

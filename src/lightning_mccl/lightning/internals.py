@@ -8,7 +8,10 @@ Everything else goes through Lightning's public strategy methods. These have no 
 - `_AcceleratorConnector._check_config_and_set_final_flags` (Trainer's and Fabric's): refuses every
   ParallelStrategy instance on MPS (see `mps_gate`).
 - The DDPStrategy methods the strategies override (`checked_override`): the Trainer's
-  `_register_ddp_hooks`; Fabric's `_setup_distributed`, `_set_world_ranks` and `_determine_ddp_device_ids`.
+  `_register_ddp_hooks` and `_setup_model`; Fabric's `_setup_distributed`, `_set_world_ranks` and
+  `_determine_ddp_device_ids`.
+- The Trainer's `_checkpoint_connector` (`CHECKPOINT_STEPS`): the elastic strategy takes the training state
+  with it to send a joiner, and loads the state received there, as a resumed fit loads a checkpoint.
 
 Each is looked up by name and its parameters are compared with the ones this code calls it with (an
 override's: its own). When a Lightning release renames or reshapes one, making a strategy (`check_lightning`)
@@ -80,6 +83,21 @@ CONNECTOR_CHECKS = (
     ("lightning.fabric.connector", "_Connector._check_config_and_set_final_flags",
      ("self", "strategy", "accelerator", "precision", "plugins")),
 )
+
+
+# The checkpoint connector's methods the elastic strategy calls, in the order a resumed fit calls them.
+CHECKPOINT_CONNECTOR = "lightning.pytorch.trainer.connectors.checkpoint_connector"
+CHECKPOINT_STEPS = (("_CheckpointConnector.dump_checkpoint", ("self", "weights_only")),
+                    ("_CheckpointConnector.restore_model", ("self",)),
+                    ("_CheckpointConnector.restore_datamodule", ("self",)),
+                    ("_CheckpointConnector.restore_callbacks", ("self",)),
+                    ("_CheckpointConnector.restore_training_state", ("self",)))
+
+
+def check_checkpoint_connector() -> None:
+    """LightningVersionError unless the checkpoint connector has the methods the elastic strategy calls."""
+    for qualname, params in CHECKPOINT_STEPS:
+        checked(CHECKPOINT_CONNECTOR, qualname, params)
 
 
 def check_lightning() -> None:

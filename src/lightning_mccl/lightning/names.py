@@ -3,7 +3,9 @@
 
 They are Lightning's DDP names with "ddp" replaced by "mccl": Lightning's connectors refuse every name that
 contains "ddp" on MPS. The fork variants are left out (Metal does not survive fork()). "mccl_diloco" is the
-Trainer's DiLoCo strategy (Fabric loops call `lightning_mccl.diloco.DiLoCo` themselves).
+Trainer's DiLoCo strategy (Fabric loops call `lightning_mccl.diloco.DiLoCo` themselves), "mccl_elastic" and
+"mccl_elastic_diloco" its elastic DDP and DiLoCo (Fabric loops run `lightning_mccl.elastic.ElasticManager`
+themselves).
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ BOTH = (TRAINER, FABRIC)
 CLASSES = {TRAINER: ("lightning_mccl.lightning.strategy", "MCCLStrategy"),
            FABRIC: ("lightning_mccl.lightning.fabric", "MCCLFabricStrategy")}
 DILOCO = ("lightning_mccl.lightning.diloco_strategy", "MCCLDiLoCoStrategy")
+ELASTIC = ("lightning_mccl.lightning.elastic_strategy", "MCCLElasticStrategy")
+ELASTIC_DILOCO = ("lightning_mccl.lightning.elastic_diloco_strategy", "MCCLElasticDiLoCoStrategy")
 
 # name: (the strategy's arguments, the front ends that register it, the class when not the front end's own)
 NAMES: Dict[str, Tuple[Dict[str, Any], Tuple[str, ...], Any]] = {
@@ -30,6 +34,8 @@ NAMES: Dict[str, Tuple[Dict[str, Any], Tuple[str, ...], Any]] = {
     "mccl_bf16_compress": ({"compress": BF16}, BOTH, None),
     "mccl_fp16_compress": ({"compress": FP16}, BOTH, None),
     "mccl_diloco": ({"start_method": "popen"}, (TRAINER,), DILOCO),
+    "mccl_elastic": ({"start_method": "popen"}, (TRAINER,), ELASTIC),
+    "mccl_elastic_diloco": ({"start_method": "popen"}, (TRAINER,), ELASTIC_DILOCO),
 }
 
 
