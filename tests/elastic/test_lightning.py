@@ -8,9 +8,10 @@ of 8 samples).
   the committed steps, Lightning's counters (global_step, current_epoch) are the job's on every member,
   `trainer.world_size` follows the membership (4, 3, 4) and host 0 stays rank 0; the slow member's share falls.
 - The same under elastic DiLoCo (H = 2, a round of 2 batches per elastic step; plain SGD inside, plain averaging
-  outside), without the slow member: the members' weights equal a float64 replay of every committed round from
-  the sample ids each member trained in it (the killed member's rounds too), inner steps and the outer step
-  weighted by samples.
+  outside), with also a member asked to leave by `mccl leave` in epoch 1: the slow member's share of a round
+  falls, and the members' weights equal a float64 replay of every committed round from the sample ids each
+  member trained in it (the killed and the leaving members' rounds too), inner steps and the outer step weighted
+  by samples. The launcher's lines: the killed rank's exit code, the joiner's start, the last line's changes.
 - Another: a member asked to leave by `mccl leave` (it exits 0), then host 0 killed at epoch 1 (the others end
   with the documented sentence), and the checkpoint host 0 wrote at epoch 0's end resumed by 2 members, which
   finish the job's remaining epochs with every sample once.
@@ -65,19 +66,40 @@ def check_members(job, members, epochs=range(EPOCHS), per_step=1) -> dict:
     return results
 
 
-def kill_and_join(elastic_job, tmp_path, kill_at, join_at, **scenario) -> str:
-    """A job of 4 whose m2 is killed with SIGKILL in the step `kill_at` and which `mccl join` joins at the step
-    `join_at` (the scenario's other variables alike for both); its launcher's output once it exited 0."""
-    scenario = {"PAUSES": f"m2:{kill_at}", "AWAIT_JOIN_AT": join_at, **scenario}
+def kill_and_join(elastic_job, tmp_path, kill_at, join_at, leave_at=None, **scenario):
+    """A job of 4 under `mccl launch --local 4 --elastic --min-nodes 2` whose m2 is killed with SIGKILL in the
+    step `kill_at`, whose m1 is asked to leave by `mccl leave` in the step `leave_at` (None: it stays), and which a
+    rank started by `mccl join --local 1` joins at the step `join_at` (the scenario's other variables alike for
+    all); the job once its launcher exited 0, having said so in the lines checked here."""
+    pauses = f"m2:{kill_at}" + (f",m1:{leave_at}" if leave_at is not None else "")
+    scenario = {"PAUSES": pauses, "AWAIT_JOIN_AT": join_at, **scenario}
     job = elastic_job(4, "--min-nodes", "2", program=LIGHTNING_RANK, **scenario)
     job.await_file("paused-m2")  # m2 waits in its training_step; the others wait for it in the step's allreduce
     os.kill(job.member_pid(2), signal.SIGKILL)
-    job.await_file("awaiting-join")  # m0, m1, m3 wait at the step until j1 has posted
-    join_local(job, LIGHTNING_RANK, [f"--env=ELASTIC_{k}={v}" for k, v in {"OUT": tmp_path, **scenario}.items()])
+    if leave_at is not None:
+        job.await_file("paused-m1")
+        r = run_mccl("leave", "--master", f"127.0.0.1:{job.port}", "m1", timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stderr.strip() == (f"mccl: asked m1 to leave the job at 127.0.0.1:{job.port}: it leaves at the "
+                                    f"next step boundary"), r.stderr
+        (tmp_path / "go-m1").write_text("1")
+    job.await_file("awaiting-join")  # the others wait at the step until j1 has posted
+    joined = join_local(job, LIGHTNING_RANK,
+                        [f"--env=ELASTIC_{k}={v}" for k, v in {"OUT": tmp_path, **scenario}.items()])
+    assert f"mccl: joining 1 rank of local to the elastic job at 127.0.0.1:{job.port}" in joined, joined
     assert job.wait() == 0, job.output()
-    out = job.stdout()
-    assert f"[local r0] mccl elastic: step {kill_at}: m2 left (a collective failed on it" in out, job.output()
-    assert "j1 joined; 4 members now: m0, m1, m3, j1" in out, job.output()
+    out, err = job.stdout(), job.stderr().strip().splitlines()
+    killed = f"step {kill_at}: m2 left (a collective failed on it and its heartbeat stopped ("
+    assert f"[local r0] mccl elastic: {killed}" in out, job.output()
+    assert "mccl: rank 2 on local exited with code 137 (killed by SIGKILL)" in err, job.output()
+    stayed = ["m0", "m3", "j1"] if leave_at is not None else ["m0", "m1", "m3", "j1"]
+    assert f"j1 joined; {len(stayed)} members now: {', '.join(stayed)}" in out, job.output()
+    changes = [killed] + ([f"step {leave_at + 1}: m1 left (mccl leave)"] if leave_at is not None else [])
+    assert err[-1].startswith(f"mccl: the elastic job finished with {len(stayed)} members ({', '.join(stayed)}); "
+                              f"changes: {changes[0]}"), err[-1]
+    assert all(change in err[-1] for change in changes[1:]) and f"step {join_at + 1}: j1 joined" in err[-1], err[-1]
+    if leave_at is not None:
+        assert job.result("m1")["left"] and job.result("m1")["steps"] == leave_at + 1  # it exited 0
     return job
 
 
@@ -157,11 +179,12 @@ def diloco_replay(initial, rounds: dict, sync_every: int) -> np.ndarray:
     return anchor
 
 
-def test_elastic_diloco_goes_on_through_a_kill_and_a_join(elastic_job, tmp_path):
+def test_elastic_diloco_goes_on_through_a_kill_a_slow_member_a_leave_and_a_join(elastic_job, tmp_path):
     h = 2
     rounds_per_epoch = PER_EPOCH // h
-    job = kill_and_join(elastic_job, tmp_path, KILL_AT // h, 2 * rounds_per_epoch, SYNC_EVERY=h, MOMENTUM=0)
-    results = check_members(job, ["m0", "m1", "m3", "j1"], per_step=h)
+    job = kill_and_join(elastic_job, tmp_path, KILL_AT // h, 2 * rounds_per_epoch, leave_at=rounds_per_epoch + 2,
+                        SYNC_EVERY=h, MOMENTUM=0, SAMPLE_S=0.03, SLOW_MEMBER="m3", SLOW_FROM=1)
+    results = check_members(job, ["m0", "m3", "j1"], per_step=h)
     assert results["j1"]["first_step"] == (2 * rounds_per_epoch + 1) * h  # in batches: a round after it joined
     rounds = {}
     for path in tmp_path.glob("*.steps.jsonl"):  # every member's, the killed one's too
@@ -170,6 +193,10 @@ def test_elastic_diloco_goes_on_through_a_kill_and_a_join(elastic_job, tmp_path)
             rounds.setdefault(entry["step"], {})[path.name.split(".")[0]] = entry["ids"]
     assert sorted(rounds) == list(range(STEPS // h))
     assert "m2" in rounds[0] and all("m2" not in rounds[r] for r in range(KILL_AT // h, STEPS // h))
+    assert max(r for r in rounds if "m1" in rounds[r]) == rounds_per_epoch + 2  # the last round it trained
+    later = range(6, rounds_per_epoch + 3)  # the slow member's share of a round fell (and stays above 0)
+    slow, fast = (np.mean([len(rounds[r][m]) for r in later]) for m in ("m3", "m1"))
+    assert 0 < slow < 0.75 * fast, (slow, fast)
     expected = diloco_replay(results["m0"]["initial"], rounds, h)
     np.testing.assert_allclose(np.concatenate([np.ravel(p) for p in results["m0"]["weights"]]), expected,
                                rtol=2e-4, atol=2e-5)
