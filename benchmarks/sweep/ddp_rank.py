@@ -79,7 +79,7 @@ def _outer(s: DDPSeries, model, group):
     wire = s.wire or None  # "bf16", "fp16" (the series' MCCL_WIRE_DTYPE) or None
     device = next(model.parameters()).device
     averaging = averaging_for(wire_policy.resolve(wire, device.type, s.backend, "fleet_ddp", diloco=True), group)
-    outer = DiLoCo(model, s.sync_every, sync_delay=s.sync_delay, averaging=averaging)
+    outer = DiLoCo(model, s.sync_every, sync_delay=s.sync_delay, fragments=s.fragments, averaging=averaging)
     outer.broadcast()
     return outer
 
@@ -182,7 +182,7 @@ def worker(spec_path: str) -> int:
         row["step_s"] = row["time_median_s"]  # what samples/s and the efficiency use
         if s.diloco:
             rounds = s.whole_rounds(spec["warmup"], spec["steps"])
-            row.update(sync_every=s.sync_every, sync_delay=s.sync_delay, rounds_timed=len(rounds) // s.sync_every,
+            row.update(sync_every=s.sync_every, sync_delay=s.sync_delay, fragments=s.fragments, rounds_timed=len(rounds) // s.sync_every,
                        step_s=float(times[rounds.start:rounds.stop, k].mean()),
                        inner_median_s=summarize(times[rounds.start:rounds.stop, k].tolist())["time_median_s"])
         if k in timed:

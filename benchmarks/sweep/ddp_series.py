@@ -11,7 +11,8 @@ engine, an optional DDP comm hook and DDP's own settings.
     mccl:MCCL_NSOCKS=2           upper-case KEY=VALUE: an environment variable of the ranks (mccl series)
     mccl+diloco:H=32:delay=1     DiLoCo (lightning_mccl.diloco) instead of DDP: the model unwrapped, an outer
                                  allreduce every H steps applied `delay` steps later (default 1);
-                                 mccl-bf16+diloco:H=32 sends the pseudo-gradients in bf16
+                                 mccl-bf16+diloco:H=32 sends the pseudo-gradients in bf16; frag=F syncs the
+                                 model in F fragments on staggered steps (DiLoCo's `fragments`, default 1)
     ...:label=NAME               the label in the table (default: the text itself)
 
 A process group reads MCCL_WIRE_DTYPE and the other MCCL_* variables when it is made, and a launch makes one, so
@@ -45,6 +46,7 @@ class DDPSeries:
     extra_env: Tuple[Tuple[str, str], ...] = ()  # the ranks' other variables (KEY=VALUE options), sorted
     sync_every: int = 0  # DiLoCo's H (0: DDP)
     sync_delay: int = 1  # DiLoCo's delay
+    fragments: int = 1  # DiLoCo's fragments
 
     @property
     def powersgd(self) -> bool:
@@ -78,12 +80,12 @@ class DDPSeries:
     def to_json(self) -> dict:
         return {"label": self.label, "backend": self.backend, "wire": self.wire, "hook": self.hook,
                 "ddp": dict(self.ddp), "env": dict(self.extra_env), "sync_every": self.sync_every,
-                "sync_delay": self.sync_delay}
+                "sync_delay": self.sync_delay, "fragments": self.fragments}
 
     @classmethod
     def from_json(cls, d: dict) -> "DDPSeries":
         return cls(d["label"], d["backend"], d["wire"], d["hook"], dict(d["ddp"]), tuple(sorted(d["env"].items())),
-                   d["sync_every"], d["sync_delay"])
+                   d["sync_every"], d["sync_delay"], d["fragments"])
 
 
 def parse(text: str) -> List[DDPSeries]:
@@ -97,7 +99,7 @@ def parse(text: str) -> List[DDPSeries]:
             try:
                 if key == "label" and sep:
                     label = value
-                elif key in ("H", "delay") and sep and name.endswith("+" + DILOCO):
+                elif key in ("H", "delay", "frag") and sep and name.endswith("+" + DILOCO):
                     outer[key] = int(value)
                 elif _ENV_KEY.match(key) and sep and key != "MCCL_WIRE_DTYPE":
                     env[key] = value
@@ -111,7 +113,7 @@ def parse(text: str) -> List[DDPSeries]:
                     raise ValueError
             except ValueError:
                 raise ValueError(f"series {item!r}: bad option {opt!r} (label=NAME, bucket=MB, view, static, "
-                                 f"KEY=VALUE, for +diloco H=STEPS and delay=STEPS; the wire type is mccl-bf16 or "
+                                 f"KEY=VALUE, for +diloco H=STEPS, delay=STEPS and frag=F; the wire type is mccl-bf16 or "
                                  f"mccl-fp16)") from None
         if name == COMPUTE:
             if ddp or env:
@@ -129,13 +131,16 @@ def parse(text: str) -> List[DDPSeries]:
         if hook == "int8" and backend != "mccl":
             raise ValueError(f"series {item!r}: the int8 hook is mccl's 8-bit allreduce (use mccl+int8)")
         if hook == DILOCO:
-            from lightning_mccl.diloco import OUTER_LR, OUTER_MOMENTUM, check_settings
+            from lightning_mccl.diloco import OUTER_LR, OUTER_MOMENTUM, check_schedule, check_settings
 
             if "H" not in outer or ddp:
-                raise ValueError(f"series {item!r}: DiLoCo takes H=STEPS (and delay=STEPS), no DDP settings")
-            check_settings(outer["H"], OUTER_LR, OUTER_MOMENTUM, outer.get("delay", 1), f"series {item!r}: DiLoCo")
+                raise ValueError(f"series {item!r}: DiLoCo takes H=STEPS (and delay=STEPS, frag=F), no DDP "
+                                 f"settings")
+            owner = f"series {item!r}: DiLoCo"
+            check_settings(outer["H"], OUTER_LR, OUTER_MOMENTUM, outer.get("delay", 1), owner)
+            check_schedule(outer["H"], 0, outer.get("frag", 1), None, None, owner)
             out.append(DDPSeries(label, backend, WIRE.get(wire, ""), "", {}, tuple(sorted(env.items())),
-                                 outer["H"], outer.get("delay", 1)))
+                                 outer["H"], outer.get("delay", 1), outer.get("frag", 1)))
             continue
         if env and backend != "mccl":
             raise ValueError(f"series {item!r}: environment variables are for mccl series (Gloo reads no MCCL_* "

@@ -17,7 +17,8 @@ def test_the_diloco_series_reports_whole_rounds(tmp_path):
     out = tmp_path / "out"
     proc = run_script("fleet_ddp.py", "--nproc", 2, "--device", "cpu", "--model", "vit_tiny_patch16_224",
                       "--img-size", 32, "--patch-size", 8, "--depth", 1, "--num-classes", 10, "--batch", 2,
-                      "--steps", 5, "--warmup", 1, "--series", "compute,mccl-bf16+diloco:H=2:label=diloco",
+                      "--steps", 5, "--warmup", 1, "--series",
+                      "compute,mccl-bf16+diloco:H=2:label=diloco,mccl+diloco:H=2:frag=2:label=frag",
                       "--out", out, "--timeout", 100, timeout=150)
     assert proc.returncode == 0, explain(proc)
     with open(out / "results.csv", newline="") as f:
@@ -31,13 +32,15 @@ def test_the_diloco_series_reports_whole_rounds(tmp_path):
     assert float(r["samples_per_s"]) == pytest.approx(4 / float(r["step_s"]), rel=1e-9)
     assert float(r["efficiency"]) == pytest.approx(float(r["compute_median_s"]) / float(r["step_s"]), rel=1e-9)
     assert r.get("weights_match", "") == "" and r["hook"] == "" and r["ddp_options"] == ""  # no exact series here
+    assert (rows["frag"]["fragments"], rows["frag"]["rounds_timed"], r["fragments"]) == ("2", "2", "1"), rows["frag"]
 
 
 def test_diloco_series_parsing():
-    s = ddp_series.parse("compute,mccl,mccl-bf16+diloco:H=32:delay=2,gloo+diloco:H=8:label=g")
-    assert [(x.label, x.backend, x.wire, x.sync_every, x.sync_delay, x.diloco) for x in s[1:]] == [
-        ("mccl", "mccl", "", 0, 1, False), ("mccl-bf16+diloco:H=32:delay=2", "mccl", "bf16", 32, 2, True),
-        ("g", "gloo", "", 8, 1, True)]
+    s = ddp_series.parse("compute,mccl,mccl-bf16+diloco:H=32:delay=2,gloo+diloco:H=8:frag=4:label=g")
+    assert [(x.label, x.backend, x.wire, x.sync_every, x.sync_delay, x.fragments, x.diloco) for x in s[1:]] == [
+        ("mccl", "mccl", "", 0, 1, 1, False), ("mccl-bf16+diloco:H=32:delay=2", "mccl", "bf16", 32, 2, 1, True),
+        ("g", "gloo", "", 8, 1, 4, True)]
+    assert ddp_series.DDPSeries.from_json(s[3].to_json()) == s[3]
     assert ddp_series.DDPSeries.from_json(s[2].to_json()) == s[2]
     assert [[x.label for x in g] for g in ddp_series.launches(s)] == [
         ["compute", "mccl"], ["compute", "mccl-bf16+diloco:H=32:delay=2"], ["compute", "g"]]
@@ -49,7 +52,8 @@ def test_diloco_series_parsing():
 @pytest.mark.parametrize("text, message", [
     ("mccl+diloco", "DiLoCo takes H=STEPS"), ("mccl+diloco:H=4:bucket=5", "DiLoCo takes H=STEPS"),
     ("mccl+diloco:H=0", r"DiLoCo\(sync_every=0\)"), ("mccl+diloco:H=4:delay=5", r"DiLoCo\(sync_delay=5\)"),
-    ("mccl+diloco:H=4:delay=x", "bad option 'delay=x'"),
+    ("mccl+diloco:H=4:delay=x", "bad option 'delay=x'"), ("mccl+diloco:H=4:frag=0", r"DiLoCo\(fragments=0\)"),
+    ("mccl:frag=2", "bad option 'frag=2'"),
 ])
 def test_diloco_series_errors(text, message):
     with pytest.raises(ValueError, match=message):
