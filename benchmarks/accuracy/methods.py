@@ -62,6 +62,8 @@ METHODS: Tuple[Method, ...] = (
     _diloco("diloco-h4", 4, 1.0, ("mccl+diloco:H=4", "mccl+diloco:H=4:delay=1")),
     _diloco("diloco-h4-warm32", 4, 1.0, ("mccl+diloco:H=4",), warm_start=32),
     _diloco("diloco-h4-frag4", 4, 1.0, ("mccl+diloco:H=4",), fragments=4),
+    # the fine-tuning config's DiLoCo (configs/vit_fleet24_diloco.yaml): fragments, and an outer learning rate of 3
+    _diloco("diloco-h4-frag4-olr3", 4, 1.0, ("h4-f4",), fragments=4, outer_lr=3.0),
 )
 CONTROLS: Tuple[Method, ...] = (
     Method("ddp-fp32-scratch", {}, None, ("mccl",), random_init=True),
