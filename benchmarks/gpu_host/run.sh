@@ -28,6 +28,9 @@
 #                   NEW_WIRES: wire types only this tree has, run on it alone
 #   int8            the 8-bit allreduce (docs/int8.md): the stand-in at BATCH (8) against the bf16 hooks
 #   ops8            allreduce_int8 against float32 and bf16 on the wire, all-to-all and reduce-scatter, 8 hosts
+#   stagger         the all-to-all's schedules (MCCL_ALLTOALL_WINDOW), 8 hosts, SIZES (4M,16M,64M,256M): every peer
+#                   at once (all) against the pairwise exchange with 1, 2 and 4 rounds in flight (w1 w2 w4), and 2
+#                   gated on sends alone (s2: MCCL_ALLTOALL_WINDOW_GATE=send)
 #   int8algo        the 8-bit allreduce's two algorithms (MCCL_INT8_ALGO: exchange, ring; docs/int8.md): the
 #                   collective on HOSTS hosts (8 4, SIZES 1M,4M,16M,64M,256M), then the stand-in at 8 hosts,
 #                   BATCH (8), DDP's 25 MB buckets, each against mccl and Gloo with the bf16 hook
@@ -138,6 +141,11 @@ for experiment in "$@"; do
   ops8)
     py 200 $A --hosts 8 --op allreduce,allreduce_int8,alltoall,reduce_scatter --sizes 4M,16M,64M,256M --baseline mccl \
       --timeout $(T 200) --out "$R/int8_ops_8hosts" --series $(wires) ;;
+  stagger)
+    py 240 $A --hosts 8 --op alltoall --sizes ${SIZES:-4M,16M,64M,256M} --baseline all --timeout $(T 240) \
+      --out "$R/stagger_8hosts" --series mccl:label=all,mccl:MCCL_ALLTOALL_WINDOW=1:label=w1,\
+mccl:MCCL_ALLTOALL_WINDOW=2:label=w2,mccl:MCCL_ALLTOALL_WINDOW=4:label=w4,\
+mccl:MCCL_ALLTOALL_WINDOW=2:MCCL_ALLTOALL_WINDOW_GATE=send:label=s2 ;;
   int8algo)
     for h in ${HOSTS:-8 4}; do
       py 150 $A --hosts $h --op allreduce_int8 --sizes ${SIZES:-1M,4M,16M,64M,256M} --baseline exchange \

@@ -97,6 +97,7 @@ constexpr std::pair<const char*, DataType> kWireTypes[] = {
     {"fp32", DataType::kFloat32}, {"bf16", DataType::kBFloat16},    {"bfloat16", DataType::kBFloat16},
     {"fp16", DataType::kFloat16}, {"float16", DataType::kFloat16},  {"half", DataType::kFloat16}};
 constexpr std::pair<const char*, bool> kInPlace[] = {{"auto", true}, {"0", false}};
+constexpr std::pair<const char*, bool> kAlltoallGates[] = {{"both", false}, {"send", true}};
 
 // The usual names of kWireTypes, "off, bf16, fp16", for the error that lists them.
 std::string wire_type_names() {
@@ -186,6 +187,10 @@ constexpr Variable kVariables[] = {
      [](const Value& v, Config& c) { c.int8_algo = v.choice(kInt8Algos, "auto, exchange, ring"); }},
     {"MCCL_INT8_EXCHANGE_MAX_BYTES", "0", Scope::kGroup, "in auto, 8-bit allreduces up to this float32 size use the exchange",
      [](const Value& v, Config& c) { c.int8_exchange_max_bytes = v.bytes(0); }},
+    {"MCCL_ALLTOALL_WINDOW", "0", Scope::kGroup, "all-to-all rounds in flight; 0: every peer at once",
+     [](const Value& v, Config& c) { c.alltoall_window = static_cast<size_t>(v.count(0, 1'000'000)); }},
+    {"MCCL_ALLTOALL_WINDOW_GATE", "both", Scope::kGroup, "what starts the next round: both (send and receive), send",
+     [](const Value& v, Config& c) { c.alltoall_gate_send = v.choice(kAlltoallGates, "both, send"); }},
     {"MCCL_CHUNK_BYTES", "512K", Scope::kGroup, "the ring's pipelining piece, in bytes on the wire",
      [](const Value& v, Config& c) {
        c.chunk_bytes = v.bytes(8);

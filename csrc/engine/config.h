@@ -63,6 +63,12 @@ struct Config {
   // MCCL_INT8_EXCHANGE_MAX_BYTES (the float32 buffer's size): up to it auto runs the exchange, the ring above.
   AlgoChoice int8_algo;
   size_t int8_exchange_max_bytes;
+  // MCCL_ALLTOALL_WINDOW: the all-to-all's schedule (algorithms/exchange.cc). 0: every receive posted, then a
+  // send to every peer at once; W >= 1: the pairwise exchange, n-1 rounds of one send and one receive, W rounds
+  // in flight. MCCL_ALLTOALL_WINDOW_GATE: what lets round i+W start: round i's send and receive done (both), or
+  // its send alone (send, alltoall_gate_send). The schedule changes no frame, so ranks may differ.
+  size_t alltoall_window;
+  bool alltoall_gate_send;
   // MCCL_CHUNK_BYTES: pipelining granularity of the ring (each ring step moves its segment in such pieces),
   // in bytes on the wire: a compressed float32 piece holds chunk_bytes / 2 elements.
   size_t chunk_bytes;

@@ -230,6 +230,23 @@ TEST(wire_types_parse_to_their_usual_names) {
   CHECK_MSG(contains(e, "MCCL_WIRE_DTYPE='BF16' is not one of off, bf16, fp16"), "%s", e.c_str());
 }
 
+// MCCL_ALLTOALL_WINDOW (a count: rounds in flight, 0 for every peer at once) and MCCL_ALLTOALL_WINDOW_GATE.
+TEST(window_settings_are_parsed) {
+  CHECK(Config().alltoall_window == 0 && !Config().alltoall_gate_send);
+  const Config c = Config::from_env({{"MCCL_ALLTOALL_WINDOW", "4"}, {"MCCL_ALLTOALL_WINDOW_GATE", "send"}});
+  CHECK(c.alltoall_window == 4 && c.alltoall_gate_send);
+  CHECK(!Config::from_env({{"MCCL_ALLTOALL_WINDOW_GATE", "both"}}).alltoall_gate_send);
+  for (const char* bad : {"-1", "two", "2K", "1.5"}) {
+    const std::string e = error_of({{"MCCL_ALLTOALL_WINDOW", bad}});
+    CHECK_MSG(contains(e, std::string("MCCL_ALLTOALL_WINDOW='") + bad + "' is not a whole number"), "%s: %s", bad,
+              e.c_str());
+  }
+  std::string e = error_of({{"MCCL_ALLTOALL_WINDOW", "1000001"}});
+  CHECK_MSG(contains(e, "MCCL_ALLTOALL_WINDOW=1000001 is outside 0-1000000"), "%s", e.c_str());
+  e = error_of({{"MCCL_ALLTOALL_WINDOW_GATE", "recv"}});
+  CHECK_MSG(contains(e, "MCCL_ALLTOALL_WINDOW_GATE='recv' is not one of both, send"), "%s", e.c_str());
+}
+
 // The table's defaults are what a Config starts with, and each is a value its own parser takes.
 TEST(every_variable_takes_its_default) {
   CHECK(Config().chunk_bytes == 512 * KiB && Config().ring_lookahead_bytes == 64 * MiB);

@@ -91,8 +91,22 @@ void reduce_scatter_recursive_doubling(Collective& c, const void* in, size_t cou
   if (bytes) std::memcpy(out, work + static_cast<size_t>(r) * bytes, bytes);
 }
 
-// Every rank posts all its receives, then sends to rank+1, rank+2, ... so that at any moment the
-// ranks are sending to different destinations instead of all to rank 0 first.
+// The all-to-all moves one block between every ordered pair of ranks: rank r's block for rank k (send_counts[k]
+// elements, after the blocks for ranks 0 .. k-1) lands in rank k's output block r. Each block is one frame,
+// its element count in the header (blocks of any size, zero included), and there is one frame per ordered
+// pair, so receives match whatever order either end posts in. MCCL_ALLTOALL_WINDOW chooses that order:
+//
+//   0 (the default): every receive is posted, then a send to rank r+1, r+2, ..., r+n-1: at any moment the
+//     ranks send to different destinations instead of all to rank 0 first, and every link stays busy
+//     whichever rank is late.
+//   W >= 1: MPI's pairwise exchange. In round i = 1 .. n-1 rank r receives rank r-i's block and sends its block
+//     for rank r+i (which receives it in its own round i). Rounds 1 .. W are posted at once, and round i+W
+//     once round i's send and receive are done (MCCL_ALLTOALL_WINDOW_GATE=send: once its send is written,
+//     the receives awaited at the end), so each rank has at most W sends outstanding (and, gated on both, W
+//     receives). W >= n-1 posts every round at once, in that order.
+//
+// This rank's own block is copied while the first frames travel. The schedule changes no frame, so ranks
+// with different windows still exchange correctly.
 void alltoall(Collective& c, const void* in, const std::vector<size_t>& send_counts, void* out,
               const std::vector<size_t>& recv_counts) {
   const int n = c.size(), r = c.rank();
@@ -104,15 +118,29 @@ void alltoall(Collective& c, const void* in, const std::vector<size_t>& send_cou
   }
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
+  auto recv_from = [&](int k) { return c.recv_counted(k, dst + recv_at[k], recv_counts[k] * esize, recv_counts[k], 0); };
+  auto send_to = [&](int k) { return c.send_counted(k, src + send_at[k], send_counts[k] * esize, send_counts[k], 0); };
+  const int rounds = n - 1;
+  const int window = static_cast<int>(std::min<size_t>(c.config().alltoall_window, static_cast<size_t>(rounds)));
+  // In the pairwise exchange, round i's receive is requests[2(i-1)] and its send requests[2(i-1)+1].
   std::vector<RequestPtr> requests;
-  for (int k = 0; k < n; ++k) {
-    if (k != r) requests.push_back(c.recv_counted(k, dst + recv_at[k], recv_counts[k] * esize, recv_counts[k], 0));
-  }
-  for (int i = 1; i < n; ++i) {
-    int k = (r + i) % n;
-    requests.push_back(c.send_counted(k, src + send_at[k], send_counts[k] * esize, send_counts[k], 0));
+  auto post_round = [&](int i) {
+    requests.push_back(recv_from((r - i + n) % n));
+    requests.push_back(send_to((r + i) % n));
+  };
+  if (window == 0) {
+    for (int k = 0; k < n; ++k)
+      if (k != r) requests.push_back(recv_from(k));
+    for (int i = 1; i <= rounds; ++i) requests.push_back(send_to((r + i) % n));
+  } else {
+    for (int i = 1; i <= window; ++i) post_round(i);
   }
   if (send_counts[r]) std::memmove(dst + recv_at[r], src + send_at[r], send_counts[r] * esize);
+  for (int i = 1; window > 0 && i + window <= rounds; ++i) {
+    c.wait(requests[2 * (i - 1) + 1]);
+    if (!c.config().alltoall_gate_send) c.wait(requests[2 * (i - 1)]);
+    post_round(i + window);
+  }
   c.wait_all(requests);
 }
 
