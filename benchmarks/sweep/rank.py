@@ -15,6 +15,13 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
+# Before any group exists (init_groups is here): torch.distributed.nn binds group.WORLD into its functions' defaults
+# when first imported, and so holds the default group for good if the group exists by then (timm imports it, through
+# torch._dynamo, when a rank builds its model). The Gloo group would outlive destroy_process_group() with its worker
+# threads, into interpreter teardown, where a thread that frees a finished collective whose tensors Python has
+# dropped must take the GIL and is ended inside that destructor: "terminate called without an active exception"
+# (pytorch/pytorch#190489). Imported first, it binds None.
+import torch.distributed.nn  # noqa: F401
 
 from .series import Series
 
