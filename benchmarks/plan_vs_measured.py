@@ -5,7 +5,7 @@
 
 Every mccl row of the fleet_ddp result folders (their results.csv) is one of the plan's methods, read from the
 row itself: DDP (no hook), torch's bf16 hook, the int8 hook, PowerSGD (its rank: --powersgd-rank, as fleet_ddp
-ran it), DiLoCo (its H, delay and wire type from the row); its bucket size from its DDP options (DDP's own
+ran it), DiLoCo (its H, delay, fragments and wire type from the row); its bucket size from its DDP options (DDP's own
 default when none). Rows of other kinds (Gloo, the engine's bf16 wire under DDP) are left out; --series keeps
 only the labels given. For each, with a profile of the same model and batch (`mccl plan --save-profile`; of
 those, the one measured with the number of processes sharing the device nearest the row's hosts), the plan
@@ -70,7 +70,8 @@ def method_of(row: dict, powersgd_rank: int):
     if row.get("sync_every"):
         wire = {"": "float32", "bf16": "bf16"}.get(row.get("wire_dtype", ""))
         return None if wire is None else ("diloco", Settings(sync_every=int(row["sync_every"]),
-                                                             sync_delay=int(row["sync_delay"]), diloco_wire=wire))
+                                                             sync_delay=int(row["sync_delay"]), diloco_wire=wire,
+                                                             fragments=int(row.get("fragments") or 1)))
     method = HOOKS.get(row.get("hook", ""))
     if method is None or row.get("wire_dtype"):
         return None

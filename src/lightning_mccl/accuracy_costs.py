@@ -13,6 +13,7 @@ convergence.md's rows, the standard deviation of the paired differences for DiLo
     compress="int8"                   -0.07 +- 0.23, 32 seeds                convergence.md#int8-over-32-seeds-...
     compress="powersgd", rank 1 / 4   -32.56 +- 3.30 / -10.51 +- 1.96, 3 s.  convergence.md#results
     DiLoCo, plain averaging, H, tau   256 / 1024 / 2048 steps, 3 seeds       diloco.md#what-diloco-costs-in-accuracy
+    the same, H = 4 in 4 fragments    -11.34 +- 3.00 after 256, 3 seeds      diloco.md#options-for-short-jobs-...
 
 bf16 and int8 follow DDP's accuracy curve within the seeds' noise at every validation point, so they need the
 steps DDP needs to reach an accuracy (`same_curve`). PowerSGD and DiLoCo end below it at the budgets measured;
@@ -30,6 +31,7 @@ DDP, DILOCO = "ddp", "diloco"  # Mode.sync
 CONVERGENCE = "benchmarks/record/convergence.md#results"
 INT8_SEEDS = "benchmarks/record/convergence.md#int8-over-32-seeds-2026-12-04"
 DILOCO_SWEEP = "benchmarks/record/diloco.md#what-diloco-costs-in-accuracy"
+DILOCO_SHORT = "benchmarks/record/diloco.md#options-for-short-jobs-preliminary"
 TASK = "the project's benchmark task (a ViT from random weights, 8 ranks)"
 
 
@@ -61,11 +63,13 @@ class Mode:
     sync_every: Optional[int] = None  # DiLoCo's H
     sync_delay: Optional[int] = None  # DiLoCo's tau
     plain_averaging: bool = True  # DiLoCo's outer step: outer_lr 1, no momentum, no outer_optimizer of one's own
+    fragments: int = 1  # DiLoCo's fragments
 
     def describe(self) -> str:
         if self.sync == DILOCO:
             outer = "plain averaging" if self.plain_averaging else "an outer optimizer of its own"
-            return (f"DiLoCo, H = {self.sync_every}, tau = {self.sync_delay}, {outer}, pseudo-gradients in "
+            parts = f", {self.fragments} fragments" if self.fragments > 1 else ""
+            return (f"DiLoCo, H = {self.sync_every}, tau = {self.sync_delay}{parts}, {outer}, pseudo-gradients in "
                     f"{ROWS[self.compress].name}")
         if self.compress is None:
             return "DDP, float32 gradients"
@@ -78,7 +82,8 @@ def _sweep(*budgets) -> Tuple[Cost, ...]:
     return tuple(Cost(p, s, 3, steps, DILOCO_SWEEP) for steps, p, s in budgets)
 
 
-# Keyed by `_key(mode)`: (DDP, gradient format[, PowerSGD rank]) or (DILOCO, H, tau, pseudo-gradient format).
+# Keyed by `_key(mode)`: (DDP, gradient format[, PowerSGD rank]) or (DILOCO, H, tau, pseudo-gradient format[,
+# fragments, when more than one]).
 COSTS: Dict[tuple, Tuple[Cost, ...]] = {
     (DDP, FLOAT32): (),  # the reference
     (DDP, BF16): (Cost(-0.09, 0.17, 3, 256, CONVERGENCE, same_curve=True),),
@@ -93,6 +98,7 @@ COSTS: Dict[tuple, Tuple[Cost, ...]] = {
     (DILOCO, 4, 2, FLOAT32): _sweep((256, -21.43, 1.18), (2048, -2.12, 0.25)),
     (DILOCO, 4, 4, FLOAT32): _sweep((256, -33.77, 2.39)),
     (DILOCO, 4, 1, BF16): _sweep((256, -12.39, 5.19)),
+    (DILOCO, 4, 1, FLOAT32, 4): (Cost(-11.34, 3.00, 3, 256, DILOCO_SHORT),),
 }
 
 
@@ -101,7 +107,10 @@ def _key(mode: Mode) -> Optional[tuple]:
     if row is None:
         return None
     if mode.sync == DILOCO:
-        return (DILOCO, mode.sync_every, mode.sync_delay, row.name) if mode.plain_averaging else None
+        if not mode.plain_averaging:
+            return None
+        key = (DILOCO, mode.sync_every, mode.sync_delay, row.name)
+        return key if mode.fragments == 1 else key + (mode.fragments,)
     if mode.compress == POWERSGD:
         return (DDP, POWERSGD, mode.powersgd_rank)
     return (DDP, row.half or row.name)  # "bf16_hook" is "bf16": the record measured torch's bf16 hook

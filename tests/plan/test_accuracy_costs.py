@@ -52,6 +52,12 @@ def test_modes_are_found_as_the_strategies_name_them():
     assert [c.steps for c in costs(Mode(DILOCO, None, sync_every=4, sync_delay=1))] == [256, 1024, 2048]
     assert costs(Mode(DILOCO, None, sync_every=4, sync_delay=1, plain_averaging=False)) is None
     assert costs(Mode(DILOCO, "int8", sync_every=4, sync_delay=1)) is None
+    # fragments are their own mode: measured at H = 4 in 4 fragments, float32, not borrowed for other counts
+    assert [c.points for c in costs(Mode(DILOCO, None, sync_every=4, sync_delay=1, fragments=4))] == [-11.34]
+    assert costs(Mode(DILOCO, None, sync_every=4, sync_delay=1, fragments=2)) is None
+    assert costs(Mode(DILOCO, "bf16", sync_every=4, sync_delay=1, fragments=4)) is None
+    assert "H = 4, tau = 1, 4 fragments, plain averaging" in summary_line(
+        Mode(DILOCO, None, sync_every=4, sync_delay=1, fragments=4))
 
 
 def test_the_summary_line_names_the_mode_its_cost_and_the_record():

@@ -68,6 +68,8 @@ def test_goodput_in_bits_or_bytes():
     (["--powersgd-rank", "4"], "not at rank 4: profile again with --powersgd-ranks 4"),
     (["--sync-every", "4", "--sync-delay", "5"], "sync_delay must be between 1 and sync_every (4), got 5"),
     (["--diloco-wire", "fp8"], "argument --diloco-wire: invalid choice: 'fp8'"),
+    (["--methods", "diloco", "--fragments", "999"], "fragments=999 is more than the model's"),
+    (["--fragments", "0"], "argument --fragments"),
     (["--compute-scale", "0"], "argument --compute-scale: must be positive, got 0"),
 ])
 def test_bad_arguments_are_named(profile_file, capsys, args, why):
@@ -187,6 +189,10 @@ def test_the_accuracy_row_follows_the_settings_and_the_methods_asked(tmp_path, c
     assert _md_row(md, "time to accuracy*") == ["-", "-"]  # DDP's step is planned for the ratio, not shown
     _, md, _ = _plan(tmp_path, capsys, make_profile(), "--methods", "diloco", "--diloco-wire", "int8")
     assert _md_row(md, "accuracy*") == ["not measured"]
+    _, md, _ = _plan(tmp_path, capsys, make_profile(), "--methods", "diloco", "--diloco-wire", "float32",
+                     "--fragments", "2")  # the profile's 2 tensors, a fragment each: not measured at H = 4
+    assert _md_row(md, "accuracy*") == ["not measured"]
+    assert "in 2 allreduces, one fragment of the model each, on the round's staggered steps" in md
 
 
 @pytest.mark.parametrize("device, name", [("cpu", "Intel Xeon"), ("cuda", "NVIDIA H200")])

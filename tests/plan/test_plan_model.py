@@ -222,6 +222,36 @@ def test_diloco_hides_its_allreduce_behind_tau_steps_or_waits_for_it():
         DiLoCo(4, wire="fp8")
 
 
+def test_diloco_fragments_spread_the_rounds_allreduce_over_its_steps():
+    """Fragments as the strategy schedules them (lightning_mccl.diloco.schedule): fragment f syncs after step
+    ceil((f + 1) H / F) of the round, its outer step waits tau steps later; the link sends one allreduce at a time."""
+    quarters = [p(f"w{i}", 6_250_000, 0.005) for i in range(4)]  # 4 x 25 MB: 43.75 ms each on 8 hosts, float32
+    fast = profile(quarters, forward=0.002, backward=0.008, step=0.01)
+    whole = DiLoCo(4, wire="float32").timing(fast, 8, BARE)
+    assert whole.step_s == pytest.approx((0.04 + 0.175 - 0.01) / 4)
+    # H = 4, F = 4, tau 1: a quarter of the model each step, 43.75 ms, behind 10 ms of compute: the link sets the
+    # pace, each step as long as one fragment's allreduce (the whole model's 175 ms a round, nothing more)
+    four = DiLoCo(4, wire="float32", fragments=4).timing(fast, 8, BARE)
+    assert four.step_s == pytest.approx(0.175 / 4)
+    assert four.comm_s == pytest.approx(whole.comm_s)
+    # H = 4, F = 2, steps of 50 ms: each half (87.5 ms) starts after steps 2 and 4 and is waited for a step later,
+    # 37.5 ms exposed each: a round of 4 x 50 + 2 x 37.5 ms
+    slow = profile(quarters, forward=0.01, backward=0.04, step=0.05)
+    assert DiLoCo(4, wire="float32", fragments=2).timing(slow, 8, BARE).step_s == pytest.approx((0.2 + 0.075) / 4)
+    # the same at tau = 2: each half hidden behind two steps (100 ms > 87.5), the first one's outer step after
+    # step 4, the second's after the next round's step 2: no wait at all
+    assert DiLoCo(4, 2, wire="float32", fragments=2).timing(slow, 8, BARE).step_s == pytest.approx(0.05)
+    # a step long enough hides every fragment; the device work is the whole model's, once a round
+    kernels = Kernels(pseudo_gradient=1e-12, outer_step=2e-12)
+    long = profile(quarters, step=0.31, kernels=kernels)
+    assert DiLoCo(4, wire="float32", fragments=4).timing(long, 8, BARE).step_s == pytest.approx(
+        (4 * 0.31 + 100e6 * 3e-12) / 4)
+    with pytest.raises(ValueError, match="fragments=5 is more than the model's 4 parameter tensors"):
+        DiLoCo(4, fragments=5).timing(long, 8, BARE)
+    with pytest.raises(ValueError, match="fragments must be at least 1, got 0"):
+        DiLoCo(4, fragments=0)
+
+
 def test_predictions_compare_with_one_mac():
     prof = profile([p("w", 25_000_000, 0.3)], step=0.31)
     ddp = DDP(1000)
@@ -247,13 +277,14 @@ def test_the_plans_defaults_are_the_strategys():
     """The plan reads the strategies' defaults where they are declared (the wire policy's rows, DiLoCo's
     settings), and the fleet's DiLoCo config trains with them."""
     from lightning_mccl import wire_policy
-    from lightning_mccl.diloco.settings import SYNC_EVERY
+    from lightning_mccl.diloco.settings import FRAGMENTS, SYNC_DELAY, SYNC_EVERY
 
     s = Settings()
     rows = wire_policy.ROWS
-    assert (s.bucket_mb, s.powersgd_bucket_mb, s.int8_bucket_mb, s.powersgd_rank, s.sync_every) == (
+    assert (s.bucket_mb, s.powersgd_bucket_mb, s.int8_bucket_mb, s.powersgd_rank, s.sync_every, s.sync_delay,
+            s.fragments) == (
         rows[None].bucket_mb, rows["powersgd"].bucket_mb, rows["int8"].bucket_mb,
-        rows["powersgd"].options["matrix_approximation_rank"], SYNC_EVERY)
+        rows["powersgd"].options["matrix_approximation_rank"], SYNC_EVERY, SYNC_DELAY, FRAGMENTS)
     config = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "vit_fleet24_diloco.yaml")
     with open(config) as f:
         strategy = yaml.safe_load(f)["trainer"]["strategy"]["init_args"]

@@ -48,6 +48,9 @@ def test_each_rows_method_comes_from_its_columns():
         "powersgd", 5.0, 1000.0, 4, 4, 1, "bf16", 1000.0)
     assert kind(row("d", wire="bf16", sync_every="16", sync_delay="2"))[4:7] == (16, 2, "bf16")
     assert kind(row("d32", sync_every="8", sync_delay="1"))[6] == "float32"
+    fragments = plan_vs_measured.method_of(row("f4", wire="bf16", sync_every="4", sync_delay="1", fragments="4"), 1)
+    assert fragments[1].fragments == 4
+    assert plan_vs_measured.method_of(row("d", wire="bf16", sync_every="4", sync_delay="1"), 1)[1].fragments == 1
     for other in (row("gloo", backend="gloo"), row("compute", backend="none"), row("w", wire="bf16"),
                   row("p1", hook="powersgd"), row("f", hook="fp16_hook")):
         assert plan_vs_measured.method_of(other, 1) is None

@@ -131,6 +131,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="DiLoCo's inner steps per outer sync (default: %(default)s)")
     g.add_argument("--sync-delay", type=positive_int, default=s.sync_delay, metavar="TAU",
                    help="DiLoCo's steps between a round's end and its outer step (default: %(default)s)")
+    g.add_argument("--fragments", type=positive_int, default=s.fragments, metavar="F",
+                   help="DiLoCo's parts of the model, each synced on its own step of the round (default: %(default)s)")
     g.add_argument("--diloco-wire", choices=DILOCO_WIRES, default=s.diloco_wire,
                    help="DiLoCo's pseudo-gradient on the wire, its compress= (default: %(default)s)")
     g.add_argument("--int8-codec", type=goodput,
@@ -144,7 +146,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     settings = Settings(bucket_mb=args.bucket_mb, first_bucket_mb=args.first_bucket_mb,
                         powersgd_rank=args.powersgd_rank, powersgd_bucket_mb=args.powersgd_bucket_mb,
                         int8_bucket_mb=args.int8_bucket_mb, sync_every=args.sync_every, sync_delay=args.sync_delay,
-                        diloco_wire=args.diloco_wire, int8_codec_Bps=args.int8_codec)
+                        fragments=args.fragments, diloco_wire=args.diloco_wire, int8_codec_Bps=args.int8_codec)
     link = Link(args.goodput or line_rate_goodput(args.rate) / 8, args.op_latency_us,
                            args.step_latency_us, args.hook_latency_us)
     if args.profile:
@@ -266,9 +268,12 @@ def assumptions(profile, link, args, settings, methods, unit: str) -> List[str]:
             lines.append(f"{m.name}: rank {settings.powersgd_rank}, {len(m.buckets(profile))} bucket(s) of "
                          f"{m.cap_bytes / MIB:g} MiB{first}, same-shaped matrices batched")
         else:
+            pieces = ("in one allreduce at the round's end" if settings.fragments == 1 else
+                      f"in {settings.fragments} allreduces, one fragment of the model each, on the round's "
+                      f"staggered steps")
             lines.append(f"diloco: H = {settings.sync_every} inner steps per outer sync, the pseudo-gradient as "
-                         f"{settings.diloco_wire} in one allreduce, overlapping the next {settings.sync_delay} "
-                         f"step(s) before the outer step applies it; the step is a round's average")
+                         f"{settings.diloco_wire} {pieces}, each overlapping the next {settings.sync_delay} "
+                         f"step(s) before its outer step applies it; the step is a round's average")
     lines.append(f"one host: one {unit} training alone; efficiency = its step / this step; speed-up = hosts x "
                  "efficiency")
     return lines

@@ -116,7 +116,7 @@ class MCCLDiLoCoStrategy(MCCLBase):
     def comm_mode(self) -> Mode:
         plain = self.outer_optimizer is None and (self.outer_lr, self.outer_momentum) == (OUTER_LR, OUTER_MOMENTUM)
         return Mode(DILOCO, self.compress, sync_every=self.sync_every, sync_delay=self.sync_delay,
-                    plain_averaging=plain)
+                    plain_averaging=plain, fragments=self.fragments)
 
     @override
     def configure_ddp(self) -> None:

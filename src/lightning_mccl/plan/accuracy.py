@@ -22,7 +22,7 @@ def mode(method: str, s: Settings) -> Mode:
     return {DDP.name: Mode(), BF16.name: Mode(compress=BF16_WIRE), Int8.name: Mode(compress=INT8),
             PowerSGD.name: Mode(compress=POWERSGD, powersgd_rank=s.powersgd_rank),
             DILOCO: Mode(DILOCO_SYNC, None if s.diloco_wire == FLOAT32 else s.diloco_wire,
-                         sync_every=s.sync_every, sync_delay=s.sync_delay)}[method]
+                         sync_every=s.sync_every, sync_delay=s.sync_delay, fragments=s.fragments)}[method]
 
 
 def time_key(hosts: int) -> str:

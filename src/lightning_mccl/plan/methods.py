@@ -12,9 +12,9 @@
                then the P matrices (sum of n x r), then, after orthogonalising P and computing Q on the
                device, the Q matrices (sum of m x r), then P Q^T and the new error on the device
     diloco     H inner steps with no communication, then the pseudo-gradient (anchor - weights) allreduced in
-               one piece, in float32, bf16 on the wire or 8 bits, while the next tau steps run, then the outer
-               Nesterov step (`MCCLStrategy(sync="diloco", sync_every=H, sync_delay=tau, compress=...)`,
-               docs/diloco.md)
+               float32, bf16 on the wire or 8 bits, while the next tau steps run, then the outer step
+               (`MCCLDiLoCoStrategy(sync_every=H, sync_delay=tau, fragments=F, compress=...)`, docs/diloco.md):
+               in one piece at the round's end, or in F fragments on the round's staggered steps
 
 The device work comes from the profile's kernels (measured on the device, profile.py); the collectives' cost
 from the link (link.py); the bucketed methods run through DDP's schedule (schedule.py).
@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .. import wire_policy
+from ..diloco.schedule import fragment_bounds, offsets
 from ..wire_policy import ROWS
 from .buckets import MIB, Bucket, buckets
 from .link import BF16_WIRE_EFFICIENCY, Link
@@ -140,38 +141,81 @@ DILOCO_WIRES = tuple(ROWS[c].name for c in (None, *wire_policy.DILOCO_CHOICES) i
 
 
 class DiLoCo:
-    """H inner steps, each the compute step; at the round's end the pseudo-gradient is computed on the device
-    and its one allreduce starts, then tau steps later the outer step applies it, waiting for whatever of the
-    allreduce those tau steps did not hide (docs/diloco.md). A round: H x compute + pseudo-gradient + outer
-    step + max(0, allreduce - tau x compute); the step is a round's average. The wire: float32, bf16 (the
-    engine narrows on the wire, at BF16_WIRE_EFFICIENCY of the link) or int8 (the 8-bit exchange)."""
+    """DiLoCo's rounds as the strategy schedules them (lightning_mccl.diloco.schedule): H inner steps, each the
+    compute step; the parameters in F fragments of about equal size (one with F = 1), fragment f's
+    pseudo-gradient computed on the device after step ceil((f + 1) H / F) of the round and its allreduce
+    started, its outer step applied tau steps later, first waiting for whatever of that allreduce the tau steps
+    did not hide. The allreduces share the link one after another. The step is a round's average, in the steady
+    state (`_round_s`). The wire: float32, bf16 (the engine narrows on the wire, at BF16_WIRE_EFFICIENCY of the
+    link) or int8 (the 8-bit exchange)."""
     name = DILOCO
 
     def __init__(self, sync_every: int, sync_delay: int = 1, wire: str = wire_policy.BF16,
-                 codec_Bps: Optional[float] = None):
+                 codec_Bps: Optional[float] = None, fragments: int = 1):
         if sync_every < 1:
             raise ValueError(f"sync_every must be at least 1, got {sync_every}")
         if not 1 <= sync_delay <= sync_every:
             raise ValueError(f"sync_delay must be between 1 and sync_every ({sync_every}), got {sync_delay}")
         if wire not in DILOCO_WIRES:
             raise ValueError(f"DiLoCo's pseudo-gradient travels as {', '.join(DILOCO_WIRES)}, not {wire!r}")
+        if fragments < 1:
+            raise ValueError(f"fragments must be at least 1, got {fragments}")
         self.sync_every, self.sync_delay, self.wire, self.codec_Bps = sync_every, sync_delay, wire, codec_Bps
+        self.fragments = fragments
+
+    def allreduce_s(self, numel: int, nbytes: int, n: int, link: Link) -> float:
+        """One sync of a pseudo-gradient of `numel` values (`nbytes` as the gradients) on `n` hosts, on this
+        method's wire."""
+        if self.wire == wire_policy.INT8:
+            return link.allreduce_s(int8_bytes(numel), n, rate_Bps=self.codec_Bps, exchange=True)
+        if self.wire == wire_policy.BF16:
+            return link.allreduce_s(numel * BF16_BYTES, n, rate_Bps=BF16_WIRE_EFFICIENCY * link.goodput_Bps)
+        return link.allreduce_s(nbytes, n)
 
     def timing(self, profile: Profile, n: int, link: Link) -> Timing:
         if n < 2:
             return Timing(profile.step_s, 0.0)
-        numel = sum(p.numel for p in profile.params)
-        if self.wire == wire_policy.INT8:
-            allreduce = link.allreduce_s(int8_bytes(numel), n, rate_Bps=self.codec_Bps, exchange=True)
-        elif self.wire == wire_policy.BF16:
-            allreduce = link.allreduce_s(numel * BF16_BYTES, n, rate_Bps=BF16_WIRE_EFFICIENCY * link.goodput_Bps)
-        else:
-            allreduce = link.allreduce_s(profile.grad_bytes, n)
+        params = profile.params[::-1]  # the model's order (the profile's is backward's)
+        if self.fragments > len(params):
+            raise ValueError(f"fragments={self.fragments} is more than the model's {len(params)} parameter tensors")
+        bounds = fragment_bounds([p.numel for p in params], self.fragments)
+        parts = [params[a:b] for a, b in zip(bounds, bounds[1:])]
         k = profile.kernels
-        hidden = self.sync_delay * profile.step_s
-        round_s = (self.sync_every * profile.step_s + profile.grad_bytes * (k.pseudo_gradient + k.outer_step)
-                   + max(0.0, allreduce - hidden))
-        return Timing(round_s / self.sync_every, allreduce / self.sync_every)
+        syncs = []
+        for part in parts:
+            numel, nbytes = sum(p.numel for p in part), sum(p.nbytes for p in part)
+            syncs.append((self.allreduce_s(numel, nbytes, n, link), nbytes * k.pseudo_gradient, nbytes * k.outer_step))
+        round_s = _round_s(profile.step_s, self.sync_every, self.sync_delay, syncs)
+        return Timing(round_s / self.sync_every, sum(a for a, _, _ in syncs) / self.sync_every)
+
+
+def _round_s(step_s: float, h: int, tau: int, syncs: List[Tuple[float, float, float]]) -> float:
+    """A round's time in the steady state, by walking the schedule: `syncs` is each fragment's (allreduce,
+    pseudo-gradient, outer step) seconds. Each inner step runs its compute, then the outer steps due (each after
+    its allreduce is done), then the syncs that start (the pseudo-gradient on the device, the allreduce queued
+    on the link behind the ones still sending). Rounds are walked until the schedule repeats (the outer steps
+    of a round apply within the next one, tau <= H); the last round's time is returned."""
+    starts: Dict[int, List[int]] = {}
+    for f, step in enumerate(offsets(h, len(syncs))):
+        starts.setdefault(step, []).append(f)
+    clock = link_free = 0.0
+    done: Dict[int, Tuple[int, float]] = {}  # fragment -> (the step its outer step applies after, allreduce done)
+    rounds = 3
+    for r in range(rounds):
+        began = clock
+        for step in range(1, h + 1):
+            t = r * h + step
+            clock += step_s
+            for f, (due, ready) in sorted(done.items()):
+                if due == t:
+                    clock = max(clock, ready) + syncs[f][2]
+                    del done[f]
+            for f in starts.get(step, ()):
+                allreduce, pseudo_gradient, _ = syncs[f]
+                clock += pseudo_gradient
+                link_free = max(link_free, clock) + allreduce
+                done[f] = (t + tau, link_free)
+    return clock - began
 
 
 METHODS = (DDP.name, BF16.name, Int8.name, PowerSGD.name, DILOCO)

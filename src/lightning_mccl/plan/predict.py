@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from ..diloco.settings import SYNC_EVERY
+from ..diloco.settings import FRAGMENTS, SYNC_DELAY, SYNC_EVERY
 from ..wire_policy import BF16 as BF16_WIRE, INT8, POWERSGD, ROWS
 from .link import Link
 from .methods import BF16, DDP, DILOCO, DiLoCo, Int8, METHODS, PowerSGD
@@ -33,7 +33,8 @@ class Settings:
     powersgd_bucket_mb: float = POWERSGD_BUCKET_MB
     int8_bucket_mb: float = INT8_BUCKET_MB
     sync_every: int = SYNC_EVERY
-    sync_delay: int = 1  # MCCLStrategy's default
+    sync_delay: int = SYNC_DELAY
+    fragments: int = FRAGMENTS
     diloco_wire: str = BF16_WIRE  # DiLoCo's compress: float32, bf16, int8
     int8_codec_Bps: Optional[float] = None  # the engine's int8 codec rate, wire bytes/s (None: the link's)
 
@@ -44,7 +45,7 @@ def build_methods(names: Sequence[str], s: Settings) -> list:
             BF16.name: lambda: BF16(s.bucket_mb, s.first_bucket_mb),
             Int8.name: lambda: Int8(s.int8_bucket_mb, s.first_bucket_mb, codec_Bps=s.int8_codec_Bps),
             PowerSGD.name: lambda: PowerSGD(s.powersgd_rank, s.powersgd_bucket_mb, s.first_bucket_mb),
-            DILOCO: lambda: DiLoCo(s.sync_every, s.sync_delay, s.diloco_wire, s.int8_codec_Bps)}
+            DILOCO: lambda: DiLoCo(s.sync_every, s.sync_delay, s.diloco_wire, s.int8_codec_Bps, s.fragments)}
     unknown = [n for n in names if n not in make]
     if unknown:
         raise ValueError(f"unknown method {', '.join(map(repr, unknown))} (use {', '.join(METHODS)})")
