@@ -112,12 +112,14 @@ test-tsan: $(VENV)/.tools
 	TSAN_OPTIONS="intercept_send=0 $$TSAN_OPTIONS" $(BIN)/ctest --test-dir build/tsan --output-on-failure
 
 # pytest in PYTEST_WORKERS processes (pytest-xdist), each test file in one of them: on 2 cores one worker's
-# ranks leave a third of the CPU idle (docs/testing.md, *How make test runs*). Cases marked slow
-# (pyproject.toml) run in make test, not in make test-quick.
+# ranks leave a third of the CPU idle (docs/testing.md, *How make test runs*); then the cases marked alone, in
+# one process with the machine to itself. Cases marked slow (pyproject.toml) run in make test, not in make
+# test-quick.
 PYTEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile
 test-python: build
-	$(PYTEST) tests --durations=20
+	$(PYTEST) -m "not alone" tests --durations=20
+	$(PY) -m pytest -q -m alone tests --durations=5
 
 test-quick: build-engine build
 	$(BIN)/ctest --test-dir build/engine --output-on-failure -j $(CTEST_JOBS)
