@@ -189,20 +189,25 @@ class DiLoCo:
         return Timing(round_s / self.sync_every, sum(a for a, _, _ in syncs) / self.sync_every)
 
 
+WALK_ROUNDS = 64  # DiLoCo's rounds walked by _round_s: the mean of the last 32 is within 1% of 800 rounds' (tests)
+
+
 def _round_s(step_s: float, h: int, tau: int, syncs: List[Tuple[float, float, float]]) -> float:
     """A round's time in the steady state, by walking the schedule: `syncs` is each fragment's (allreduce,
     pseudo-gradient, outer step) seconds. Each inner step runs its compute, then the outer steps due (each after
     its allreduce is done), then the syncs that start (the pseudo-gradient on the device, the allreduce queued
-    on the link behind the ones still sending). Rounds are walked until the schedule repeats (the outer steps
-    of a round apply within the next one, tau <= H); the last round's time is returned."""
+    on the link behind the ones still sending). A link slower than the steps builds a queue over several rounds
+    before the waits pace it, and the waits can settle into a pattern longer than a round: the walk runs
+    WALK_ROUNDS rounds and returns the mean of the second half's."""
     starts: Dict[int, List[int]] = {}
     for f, step in enumerate(offsets(h, len(syncs))):
         starts.setdefault(step, []).append(f)
     clock = link_free = 0.0
     done: Dict[int, Tuple[int, float]] = {}  # fragment -> (the step its outer step applies after, allreduce done)
-    rounds = 3
-    for r in range(rounds):
-        began = clock
+    half = WALK_ROUNDS // 2
+    for r in range(WALK_ROUNDS):
+        if r == half:
+            began = clock
         for step in range(1, h + 1):
             t = r * h + step
             clock += step_s
@@ -215,7 +220,7 @@ def _round_s(step_s: float, h: int, tau: int, syncs: List[Tuple[float, float, fl
                 clock += pseudo_gradient
                 link_free = max(link_free, clock) + allreduce
                 done[f] = (t + tau, link_free)
-    return clock - began
+    return (clock - began) / (WALK_ROUNDS - half)
 
 
 METHODS = (DDP.name, BF16.name, Int8.name, PowerSGD.name, DILOCO)
