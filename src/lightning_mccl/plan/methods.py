@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .. import wire_policy
 from ..diloco.schedule import fragment_bounds, offsets
+from ..diloco.settings import FRAGMENTS
 from ..wire_policy import ROWS
 from .buckets import MIB, Bucket, buckets
 from .link import BF16_WIRE_EFFICIENCY, Link
@@ -151,7 +152,7 @@ class DiLoCo:
     name = DILOCO
 
     def __init__(self, sync_every: int, sync_delay: int = 1, wire: str = wire_policy.BF16,
-                 codec_Bps: Optional[float] = None, fragments: int = 1):
+                 codec_Bps: Optional[float] = None, fragments: int = FRAGMENTS):
         if sync_every < 1:
             raise ValueError(f"sync_every must be at least 1, got {sync_every}")
         if not 1 <= sync_delay <= sync_every:
