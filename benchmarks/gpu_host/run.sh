@@ -42,6 +42,9 @@
 #                   (CPUS: a taskset list for the ranks, e.g. 0-15; unset: every CPU)
 #   sender nsocks   4 ranks on loopback: the sender thread, and connections per peer
 #   convergence     python3 benchmarks/convergence.py --device cuda --out DIR $CONVERGENCE_ARGS
+#   finetune        convergence.py --finetune with ViT-S: the model pretrained once (finetune_pretrain), then SEEDS
+#                   (0 1 2 3) in two halves, two processes of 8 ranks side by side (finetune_seedsAB, each with
+#                   ddp-fp32 first), METHODS (diloco-h4-frag4-olr3: names in benchmarks/accuracy/methods.py)
 #   diloco-sim      benchmarks/diloco_sim.py's sweep of DiLoCo's settings (SIM_RUNS: benchmarks/accuracy/
 #                   diloco_sweep.txt, SEEDS: 0 1 2, SIM_JOBS: 8 processes on the GPU); SIM_DIR: a folder kept
 #                   between calls (e.g. runs/diloco_sim) to resume a sweep cut by the budget, else a fresh one
@@ -198,6 +201,15 @@ mccl:MCCL_RING_LOOKAHEAD_BYTES=512M:label=lookahead512M,gloo ;;
       --series mccl:MCCL_SEND_THREAD_BYTES=0:label=1-thread,mccl,mccl:MCCL_NSOCKS=2:label=nsocks2,mccl:MCCL_NSOCKS=4:label=nsocks4,gloo ;;
   convergence)
     py 550 benchmarks/convergence.py --device cuda --out "$R/convergence" ${CONVERGENCE_ARGS:-} ;;
+  finetune)
+    V="--model vit_small_patch16_224 --model-kwargs {} --finetune"
+    py 200 benchmarks/convergence.py --device cuda --out "$R/finetune_pretrain" $V --pretrain-only
+    seeds=(${SEEDS:-0 1 2 3}); half=$(( (${#seeds[@]} + 1) / 2 ))
+    for part in "${seeds[*]:0:half}" "${seeds[*]:half}"; do
+      [ -z "$part" ] || py 900 benchmarks/convergence.py --device cuda --out "$R/finetune_seeds${part// /}" $V \
+        --methods ${METHODS:-diloco-h4-frag4-olr3} --seeds $part &
+    done
+    wait ;;
   diloco-sim)
     d=${SIM_DIR:-$R/diloco_sim}
     py 570 benchmarks/diloco_sim.py --device cuda --jobs ${SIM_JOBS:-8} --runs-file ${SIM_RUNS:-benchmarks/accuracy/diloco_sweep.txt} \
