@@ -66,11 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=int, default=8, help="ranks on this machine (default: %(default)s)")
     p.add_argument("--device", choices=("cpu", "cuda", "mps"), default="cpu",
                    help="where every rank computes (cuda: all on GPU 0)")
-    p.add_argument("--methods", default=None, help="comma-separated names (default: all: "
+    p.add_argument("--methods", default=None, help="comma-separated names (default: with no --method, all: "
                    f"{', '.join(m.name for m in methods_table.METHODS)}, and with --finetune "
                    f"{', '.join(m.name for m in methods_table.CONTROLS)}); {methods_table.REFERENCE} always runs")
     p.add_argument("--method", action="append", default=[], metavar="NAME=JSON",
-                   help="another method: a name and MCCLStrategy keyword arguments as JSON; repeatable")
+                   help="another method: a name and MCCLStrategy keyword arguments as JSON; repeatable (without "
+                        "--methods, only these and the reference run)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="model and data-order seeds (default: 0)")
     p.add_argument("--samples", type=int, default=16384, help="training samples per run, all ranks (default: "
                    "%(default)s); rounded down to whole evaluation intervals")

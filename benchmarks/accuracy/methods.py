@@ -74,9 +74,10 @@ CONTROLS: Tuple[Method, ...] = (
 
 
 def select(names: Optional[Sequence[str]], extra: Sequence[str] = (), controls: bool = False) -> List[Method]:
-    """The methods to run, in the table's order: `names` (None: all of them) and the `extra` ones given as
-    NAME=JSON (MCCLStrategy keyword arguments); with `controls` (--finetune), CONTROLS are methods too, run last.
-    The reference always runs first. ValueError naming what is wrong."""
+    """The methods to run, in the table's order: `names` (None: all of them, or, when `extra` names some, none
+    of the table's) and the `extra` ones given as NAME=JSON (MCCLStrategy keyword arguments); with `controls`
+    (--finetune), CONTROLS are methods too, run last. The reference always runs first. ValueError naming what is
+    wrong."""
     table = {m.name: m for m in METHODS + (CONTROLS if controls else ())}
     for item in extra:
         name, sep, text = item.partition("=")
@@ -93,7 +94,9 @@ def select(names: Optional[Sequence[str]], extra: Sequence[str] = (), controls: 
         if cls not in (DDP, DILOCO):
             raise ValueError(f"--method {item!r}: \"strategy\" is {DDP!r} (the default) or {DILOCO!r}")
         table[name] = Method(name, kwargs, None, (name,), cls)
-    chosen = list(table) if names is None else list(dict.fromkeys([REFERENCE, *names, *_names(extra)]))
+    if names is None:
+        names = [] if extra else list(table)
+    chosen = list(dict.fromkeys([REFERENCE, *names, *_names(extra)]))
     unknown = [n for n in chosen if n not in table]
     if unknown:
         raise ValueError(f"--methods: unknown {unknown}; the methods are {', '.join(table)}")

@@ -110,3 +110,7 @@ def test_step_times_and_budget(tmp_path):
         methods.select(["int9"])
     with pytest.raises(ValueError, match="already a method"):
         methods.select(None, ['int8={"compress": "int8"}'])
+    # --method alone runs that method and the reference, not the whole table beside it
+    assert [m.name for m in methods.select(None, ['h3={"strategy": "MCCLDiLoCoStrategy", "sync_every": 3}'])] == [
+        "ddp-fp32", "h3"]
+    assert [m.name for m in methods.select(["int8"], ['h3={"sync_every": 3}'])] == ["ddp-fp32", "int8", "h3"]
