@@ -44,7 +44,8 @@
 #   convergence     python3 benchmarks/convergence.py --device cuda --out DIR $CONVERGENCE_ARGS
 #   finetune        convergence.py --finetune with ViT-S: the model pretrained once (finetune_pretrain), then SEEDS
 #                   (0 1 2 3) in two halves, two processes of 8 ranks side by side (finetune_seedsAB, each with
-#                   ddp-fp32 first), METHODS (diloco-h4-frag4-olr3: names in benchmarks/accuracy/methods.py)
+#                   ddp-fp32 first), METHODS (diloco-h4-frag4-olr3: names in benchmarks/accuracy/methods.py), or
+#                   METHOD: one method not in that table, as convergence.py's --method NAME=JSON
 #   diloco-sim      benchmarks/diloco_sim.py's sweep of DiLoCo's settings (SIM_RUNS: benchmarks/accuracy/
 #                   diloco_sweep.txt, SEEDS: 0 1 2, SIM_JOBS: 8 processes on the GPU); SIM_DIR: a folder kept
 #                   between calls (e.g. runs/diloco_sim) to resume a sweep cut by the budget, else a fresh one
@@ -205,11 +206,13 @@ mccl:MCCL_RING_LOOKAHEAD_BYTES=512M:label=lookahead512M,gloo ;;
     V="--model vit_small_patch16_224 --model-kwargs {} --finetune"
     py 200 benchmarks/convergence.py --device cuda --out "$R/finetune_pretrain" $V --pretrain-only
     seeds=(${SEEDS:-0 1 2 3}); half=$(( (${#seeds[@]} + 1) / 2 ))
+    sel=(--methods "${METHODS:-diloco-h4-frag4-olr3}"); [ -z "${METHOD:-}" ] || sel=(--method "$METHOD")
+    pids=()
     for part in "${seeds[*]:0:half}" "${seeds[*]:half}"; do
       [ -z "$part" ] || py 900 benchmarks/convergence.py --device cuda --out "$R/finetune_seeds${part// /}" $V \
-        --methods ${METHODS:-diloco-h4-frag4-olr3} --seeds $part &
+        "${sel[@]}" --seeds $part & pids+=($!)
     done
-    wait ;;
+    wait "${pids[@]}" ;;  # not a bare wait: that waits for the log's tee too
   diloco-sim)
     d=${SIM_DIR:-$R/diloco_sim}
     py 570 benchmarks/diloco_sim.py --device cuda --jobs ${SIM_JOBS:-8} --runs-file ${SIM_RUNS:-benchmarks/accuracy/diloco_sweep.txt} \
