@@ -62,10 +62,11 @@ METHODS: Tuple[Method, ...] = (
     _diloco("diloco-h4", 4, 1.0, ("mccl+diloco:H=4", "mccl+diloco:H=4:delay=1")),
     _diloco("diloco-h4-warm32", 4, 1.0, ("mccl+diloco:H=4",), warm_start=32),
     _diloco("diloco-h4-frag4", 4, 1.0, ("mccl+diloco:H=4",), fragments=4),
-    # the fine-tuning config's DiLoCo (configs/vit_fleet24_diloco.yaml): fragments, and an outer learning rate of 3
+    # the fine-tuning config's recipe (configs/vit_fleet24_diloco.yaml) at H = 4: fragments, an outer learning rate
+    # of 3
     _diloco("diloco-h4-frag4-olr3", 4, 1.0, ("h4-f4",), fragments=4, outer_lr=3.0),
-    # shorter rounds with the same recipe, a fragment a step (an H of 3 would shorten the default run's budget to
-    # a multiple of 12 steps: give it with --method)
+    # shorter rounds with the same recipe, a fragment a step (the config's H of 3 would shorten the default run's
+    # budget to a multiple of 12 steps: give it with --method, as run.sh's METHOD)
     _diloco("diloco-h2-frag2-olr3", 2, 1.0, ("h2-f2",), fragments=2, outer_lr=3.0),
 )
 CONTROLS: Tuple[Method, ...] = (

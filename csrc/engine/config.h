@@ -66,7 +66,9 @@ struct Config {
   // MCCL_ALLTOALL_WINDOW: the all-to-all's schedule (algorithms/exchange.cc). 0: every receive posted, then a
   // send to every peer at once; W >= 1: the pairwise exchange, n-1 rounds of one send and one receive, W rounds
   // in flight. MCCL_ALLTOALL_WINDOW_GATE: what lets round i+W start: round i's send and receive done (both), or
-  // its send alone (send, alltoall_gate_send). The schedule changes no frame, so ranks may differ.
+  // its send alone (send, alltoall_gate_send). The schedule changes no frame, so ranks may differ. Its default, 0,
+  // is the A/B's choice at 8 hosts, 4-256 MiB: no window faster in every run, all slower from 32 MiB up
+  // (benchmarks/results/h100_stagger_8hosts).
   size_t alltoall_window;
   bool alltoall_gate_send;
   // MCCL_CHUNK_BYTES: pipelining granularity of the ring (each ring step moves its segment in such pieces),

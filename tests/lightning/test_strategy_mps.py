@@ -216,6 +216,6 @@ def test_the_diloco_fleet_config_instantiates_through_lightning_cli(mps_stand_in
     assert type(strategy) is MCCLDiLoCoStrategy and isinstance(cli.trainer.accelerator, MPSAccelerator)
     assert cli.trainer.num_nodes == 24
     assert (strategy.sync_every, strategy.sync_delay, strategy.fragments, strategy.outer_lr, strategy.outer_momentum,
-            strategy.compress) == (4, 1, 4, 3.0, 0.0, "bf16")  # outer lr 3: a fine-tuning job (docs/diloco.md)
+            strategy.compress) == (3, 1, 3, 3.0, 0.0, "bf16")  # outer lr 3: a fine-tuning job (docs/diloco.md)
     strategy.resolve_wire()  # on MPS the pseudo-gradients are cast to bf16 on the device
     assert (strategy.wire.cast, strategy.wire.wire) == ("bf16", None) and strategy._timeout == timedelta(seconds=600)

@@ -47,7 +47,7 @@ def test_modes_are_found_as_the_strategies_name_them():
     assert costs(Mode(compress="powersgd", powersgd_rank=1))[0].points == -32.56
     assert costs(Mode(compress="powersgd", powersgd_rank=4))[0].points == -10.51
     assert costs(Mode(compress="powersgd", powersgd_rank=2)) is None
-    fleet = Mode(DILOCO, "bf16", sync_every=4, sync_delay=1)  # configs/vit_fleet24_diloco.yaml
+    fleet = Mode(DILOCO, "bf16", sync_every=4, sync_delay=1)  # the strategy's defaults, compress="bf16"
     assert [c.steps for c in costs(fleet)] == [256]
     assert [c.steps for c in costs(Mode(DILOCO, None, sync_every=4, sync_delay=1))] == [256, 1024, 2048]
     assert costs(Mode(DILOCO, None, sync_every=4, sync_delay=1, plain_averaging=False)) is None
