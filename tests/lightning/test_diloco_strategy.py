@@ -22,8 +22,8 @@ FIXTURE = os.path.join(HERE, "fixtures", "diloco_v0")
 
 def test_arguments_and_defaults():
     """compress is the pseudo-gradients' wire type (the default group stays uncompressed); the defaults (H = 4,
-    plain averaging, tau = 1, the options for short jobs off) are declared once, in diloco/settings.py, and shown
-    in both signatures."""
+    plain averaging, tau = 1, fragments "auto", the other options for short jobs off) are declared once, in
+    diloco/settings.py, and shown in both signatures."""
     from lightning_mccl import diloco, wire_policy
     from lightning_mccl.diloco import SYNC_EVERY, DiLoCo
     from lightning_mccl.lightning import MCCLDiLoCoStrategy
@@ -34,7 +34,7 @@ def test_arguments_and_defaults():
     assert (s.warm_start, s.fragments, s.qsr_alpha, s.max_sync_every) == (32, 4, 2e-3, 16)
     short = {"warm_start": diloco.WARM_START, "fragments": diloco.FRAGMENTS, "qsr_alpha": diloco.QSR_ALPHA,
              "max_sync_every": diloco.MAX_SYNC_EVERY}
-    assert short == {"warm_start": 0, "fragments": 1, "qsr_alpha": None, "max_sync_every": None}
+    assert short == {"warm_start": 0, "fragments": "auto", "qsr_alpha": None, "max_sync_every": None}
     assert s.diloco is None and s.outer_group is None  # only during a fit
     assert s._ddp_kwargs == {}  # no DDP argument reaches DistributedDataParallel: the model is never wrapped
     cpu = wire_policy.resolve("bf16", "cpu", "mccl", "MCCLDiLoCoStrategy", diloco=True)
@@ -60,6 +60,10 @@ def test_arguments_and_defaults():
     (dict(outer_momentum=1.5), "MCCLDiLoCoStrategy(outer_momentum=1.5): expected a number in [0, 1)"),
     (dict(warm_start=-1), "MCCLDiLoCoStrategy(warm_start=-1): expected the synchronous inner steps at the start"),
     (dict(fragments=0), "MCCLDiLoCoStrategy(fragments=0): expected the number of parts the parameters sync in"),
+    (dict(fragments="Auto"), "MCCLDiLoCoStrategy(fragments='Auto'): expected the number of parts the parameters "
+                             "sync in, an int >= 1, or 'auto'"),
+    (dict(fragments=1.5), "MCCLDiLoCoStrategy(fragments=1.5): expected the number of parts the parameters sync in"),
+    (dict(fragments=True), "MCCLDiLoCoStrategy(fragments=True): expected the number of parts the parameters sync"),
     (dict(qsr_alpha=1e-3), "MCCLDiLoCoStrategy(qsr_alpha=0.001): the H schedule needs a cap, max_sync_every"),
     (dict(qsr_alpha=1e-3, max_sync_every=2), "MCCLDiLoCoStrategy(max_sync_every=2): expected an int >= "
                                              "sync_every=4"),
