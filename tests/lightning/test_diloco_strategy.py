@@ -137,15 +137,17 @@ def test_trainer_settings_that_do_not_fit_are_named_at_setup(no_launch_env, tmp_
 @pytest.mark.slow
 def test_a_checkpoint_of_the_first_diloco_strategy_resumes_to_its_fit(tmp_path):
     """fixtures/diloco_v0 holds rank 0's checkpoint and rank 1's part, and both ranks' final parameters of the fit
-    that made them (3 epochs of 5 steps). Resumed by MCCLDiLoCoStrategy on 2 ranks, the fit takes the remaining 5
-    steps, and ends with the same parameters as that fit: bit for bit on both ranks where the outer step's
-    arithmetic is the same (plain averaging, as here), and both ranks holding the anchor."""
+    that made them (3 epochs of 5 steps). Resumed by MCCLDiLoCoStrategy on 2 ranks, with the default
+    fragments="auto" (it takes the checkpoint's one fragment, the whole model, where a new fit of this model would
+    sync 3), the fit takes the remaining 5 steps, and ends with the same parameters as that fit: bit for bit on
+    both ranks where the outer step's arithmetic is the same (plain averaging, as here), and both ranks holding
+    the anchor."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     shutil.copy(os.path.join(FIXTURE, "step10.ckpt"), ckpt / "last.ckpt")
     shutil.copy(os.path.join(FIXTURE, "step10.ckpt.rank1"), ckpt / "last.ckpt.rank1")
     cmd = [sys.executable, "-m", "lightning_mccl.cli", "launch", "--local", "1", "--nproc-per-node", "2", "--",
-           sys.executable, os.path.join(HERE, "resume_script.py"), str(tmp_path), "--diloco"]
+           sys.executable, os.path.join(HERE, "resume_script.py"), str(tmp_path), "--diloco-auto"]
     proc = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     attempts = (tmp_path / "attempts.rank0.txt").read_text()
