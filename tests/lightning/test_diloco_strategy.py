@@ -81,6 +81,28 @@ def test_bad_arguments_are_named(kwargs, message):
     assert str(info.value).startswith(message), str(info.value)
 
 
+def test_the_fits_mode_names_the_fragments_auto_resolved_to():
+    """comm_mode() (the end-of-fit summary's line and the accuracy costs' key) names the fit's DiLoCo object's
+    number of fragments: "auto" at H = 4 on a model of 10 parameter tensors is 4, the setting the record
+    measured; fragments=1 the whole model's."""
+    import types
+
+    from lightning_mccl.accuracy_costs import costs
+    from lightning_mccl.diloco import DiLoCo
+    from lightning_mccl.lightning import MCCLDiLoCoStrategy
+
+    model = torch.nn.Sequential(*(torch.nn.Linear(2, 2) for _ in range(5)))
+    modes = []
+    for fragments in ("auto", 1):
+        s = MCCLDiLoCoStrategy(fragments=fragments)
+        s._outer = types.SimpleNamespace(diloco=DiLoCo(model, 4, fragments=fragments))  # as during a fit
+        modes.append(s.comm_mode())
+    assert [m.fragments for m in modes] == [4, 1]
+    assert "H = 4, tau = 1, 4 fragments, plain averaging" in modes[0].describe()
+    assert [c.points for c in costs(modes[0])] == [-11.34]
+    assert "fragments" not in modes[1].describe() and costs(modes[1])[0].points == -12.36
+
+
 def test_a_ddp_argument_is_refused_by_the_signature():
     from lightning_mccl.lightning import MCCLDiLoCoStrategy
 

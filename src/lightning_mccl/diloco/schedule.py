@@ -17,11 +17,10 @@ of the model's, are cut into F contiguous parts of about equal size (`fragment_b
 parameter tensors) unless given: settings.resolve_fragments), each synced and moved by its own outer step on its
 own step of the round: in a round that begins after inner step s and is H steps long, fragment f starts its sync
 after step s + ceil((f + 1) H / F), so the last one syncs at the round's end (with F = 1, the whole model at the
-round's end), and with F <= H each step starts at most one. Each sync then
-carries about 1/F of the model and has tau steps of compute to hide behind, and a fragment's part of the
-anchor moves only at its own outer step. The floating-point buffers travel with the last fragment. When a
-shorter round (the H schedule) brings a fragment's next sync closer than tau, its outer step applies just
-before that sync starts.
+round's end), and with F <= H each step starts at most one. Each sync then carries about 1/F of the model and
+has tau steps of compute to hide behind, and a fragment's part of the anchor moves only at its own outer step.
+The floating-point buffers travel with the last fragment. When a shorter round (the H schedule) brings a
+fragment's next sync closer than tau, its outer step applies just before that sync starts.
 
 **One inner step** t runs, in this order: the outer steps due at t (`due`: started before t; so with tau = H a
 fragment's outer step applies before its next sync starts), the syncs that start at t (`starting`), the outer
