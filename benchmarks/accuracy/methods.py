@@ -58,9 +58,11 @@ METHODS: Tuple[Method, ...] = (
     Method("powersgd-r1", _powersgd(1), None, ("psgd-r1",)),
     Method("powersgd-r4", _powersgd(4), None, ("psgd-r4",)),
     Method("int8", {"compress": "int8"}, 0.5, ("mccl+int8",)),
-    _diloco("diloco-h2", 2, 1.0, ("mccl+diloco:H=2", "mccl+diloco:H=2:delay=1")),
-    _diloco("diloco-h4", 4, 1.0, ("mccl+diloco:H=4", "mccl+diloco:H=4:delay=1")),
-    _diloco("diloco-h4-warm32", 4, 1.0, ("mccl+diloco:H=4",), warm_start=32),
+    # the whole model at the round's end (fragments=1, where the strategy's default, "auto", syncs H fragments),
+    # as the record measured them
+    _diloco("diloco-h2", 2, 1.0, ("mccl+diloco:H=2", "mccl+diloco:H=2:delay=1"), fragments=1),
+    _diloco("diloco-h4", 4, 1.0, ("mccl+diloco:H=4", "mccl+diloco:H=4:delay=1"), fragments=1),
+    _diloco("diloco-h4-warm32", 4, 1.0, ("mccl+diloco:H=4",), warm_start=32, fragments=1),
     _diloco("diloco-h4-frag4", 4, 1.0, ("mccl+diloco:H=4",), fragments=4),
     # the fine-tuning config's recipe (configs/vit_fleet24_diloco.yaml) at H = 4: fragments, an outer learning rate
     # of 3

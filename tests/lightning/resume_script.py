@@ -1,6 +1,6 @@
 """A Lightning fit that can be killed and resumed, for test_resume_after_kill.py. Run it under
 `mccl launch --local 1 --nproc-per-node 2 [--max-restarts 1] -- python resume_script.py OUT_DIR [KILL_AT] [--diloco |
---diloco-short]`.
+--diloco-auto | --diloco-short]`.
 
 Trains a tiny deterministic model (2 CPU ranks, strategy="mccl", SGD with momentum, a shuffled dataset:
 the order depends on the epoch) for EPOCHS epochs of STEPS_PER_EPOCH steps, checkpointing at the end of
@@ -13,11 +13,12 @@ OUT_DIR/attempts.rank<R>.txt the global step it started at.
 Why end-of-epoch checkpoints: resuming a checkpoint taken mid-epoch is exact only with a resumable data
 loader (Lightning then replays the epoch's remaining batches); at an epoch boundary any loader is exact.
 
---diloco: the strategy is MCCLDiLoCoStrategy(sync_every=3, sync_delay=2, compress="bf16"), so the
-checkpoint at the end of epoch 1 (step 10) is mid-round with the sync of step 9 in flight. The first attempt
-first runs the same fit without a kill in the same processes (into OUT_DIR/reference), and every DiLoCo fit
-records, after each training step: the allreduces the step ran on the default group, the outer group's
-allreduce count, a checksum of the anchor and its wire type (steps.rank<R>.txt in its directory); its
+--diloco: the strategy is MCCLDiLoCoStrategy(sync_every=3, sync_delay=2, compress="bf16", fragments=1) (the
+whole model at each round's end), so the checkpoint at the end of epoch 1 (step 10) is mid-round with the sync
+of step 9 in flight. --diloco-auto: the same with the default fragments="auto" (a checkpoint's count taken).
+The first attempt first runs the same fit without a kill in the same processes (into OUT_DIR/reference), and
+every DiLoCo fit records, after each training step: the allreduces the step ran on the default group, the outer
+group's allreduce count, a checksum of the anchor and its wire type (steps.rank<R>.txt in its directory); its
 CommMetrics (every 5 steps) count the outer group: the wire type they read and the bytes per step of each window
 go into final.rank<R>.pt.
 
@@ -46,7 +47,8 @@ BATCH = 4
 STEPS_PER_EPOCH = 5
 SAMPLES = 2 * BATCH * STEPS_PER_EPOCH  # 2 ranks
 IN, HID, OUT = 8, 16, 3
-DILOCO = dict(sync_every=3, sync_delay=2, compress="bf16")
+DILOCO_AUTO = dict(sync_every=3, sync_delay=2, compress="bf16")
+DILOCO = dict(DILOCO_AUTO, fragments=1)
 DILOCO_SHORT = dict(sync_every=2, sync_delay=2, compress="bf16", warm_start=3, fragments=2, qsr_alpha=0.1,
                     max_sync_every=4)
 
@@ -128,8 +130,9 @@ def fit(out_dir: str, kill_at, diloco: dict | None) -> None:
 
 
 def main() -> None:
-    args = [a for a in sys.argv[1:] if a not in ("--diloco", "--diloco-short")]
-    diloco = DILOCO if "--diloco" in sys.argv else DILOCO_SHORT if "--diloco-short" in sys.argv else None
+    modes = {"--diloco": DILOCO, "--diloco-auto": DILOCO_AUTO, "--diloco-short": DILOCO_SHORT}
+    args = [a for a in sys.argv[1:] if a not in modes]
+    diloco = next((modes[a] for a in sys.argv[1:] if a in modes), None)
     out_dir = args[0]
     kill_at = int(args[1]) if len(args) > 1 else None
     reference = os.path.join(out_dir, "reference")

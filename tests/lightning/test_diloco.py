@@ -5,10 +5,11 @@ progress since the round's end; the outer step as torch's SGD with nesterov=True
 - the anchor after every inner step, for a delay of one step and of a whole round ("one round late"), with
   the outer momentum and learning rate of each; identical bits on every rank; buffers replaced by their mean;
   every rank holding the anchor after finish();
-- one allreduce per round on the outer group, nothing on the default group while training, and half the
-  bytes with MCCL_WIRE_DTYPE=bf16 in the outer group's settings, and with CastMean's cast to bf16 (on CUDA where
-  there is one, as the strategy does on an accelerator); with the 8-bit allreduce (Int8Mean) about a
-  quarter, within its bound of the float32 run, its residual carried from round to round and in state_dict();
+- one allreduce per round on the outer group (fragments=1: the whole model at the round's end), nothing on
+  the default group while training, and half the bytes with MCCL_WIRE_DTYPE=bf16 in the outer group's
+  settings, and with CastMean's cast to bf16 (on CUDA where there is one, as the strategy does on an
+  accelerator); with the 8-bit allreduce (Int8Mean) about a quarter, within its bound of the float32 run, its
+  residual carried from round to round and in state_dict();
 - a DiLoCo rebuilt from state_dict() taken mid-round, with a sync in flight, ends bit-identical to the
   uninterrupted run;
 - a rank that dies during an outer sync: DistBackendError naming the round on every other rank, anchor and
@@ -113,7 +114,8 @@ def schedule_worker(rank, world):
         assert strategys("bf16", device.type) is (CastMean if device.type == "cuda" else AllreduceMean)
         model = Toy(seed=rank).to(device)  # different on every rank until the broadcast
         default_before = lightning_mccl.stats()["kinds"].get("allreduce", {}).get("calls", 0)
-        outer = DiLoCo(model, every, outer_lr=lr, outer_momentum=mu, sync_delay=delay, averaging=averaging())
+        outer = DiLoCo(model, every, outer_lr=lr, outer_momentum=mu, sync_delay=delay, fragments=1,
+                       averaging=averaging())
         outer.broadcast()
         start = on_cpu(model.state_dict())
         anchors = train(model, outer, name, 1, taken or steps, rank)
@@ -128,7 +130,8 @@ def schedule_worker(rank, world):
         if taken:
             twin = Toy(seed=100 + rank)
             twin.load_state_dict(weights)
-            again = DiLoCo(twin, every, outer_lr=lr, outer_momentum=mu, sync_delay=delay, averaging=averaging())
+            again = DiLoCo(twin, every, outer_lr=lr, outer_momentum=mu, sync_delay=delay, fragments=1,
+                           averaging=averaging())
             again.load_state_dict(state)
             train(twin, again, name, taken + 1, steps, rank)
             again.finish()
@@ -275,7 +278,7 @@ def dying_worker(rank, world):
     from lightning_mccl.diloco import AllreduceMean, DiLoCo, outer_group
 
     model = Toy(seed=rank)
-    outer = DiLoCo(model, 2, sync_delay=2, averaging=AllreduceMean(outer_group()))
+    outer = DiLoCo(model, 2, sync_delay=2, fragments=1, averaging=AllreduceMean(outer_group()))
     outer.broadcast()
     for step in (1, 2, 3, 4):
         with torch.no_grad():

@@ -38,22 +38,35 @@ CONFIGS = {
     "frag2_end": dict(sync_every=4, sync_delay=2, fragments=2, lr=1.0, mu=0.0, steps=8, taken=8),  # then finish()
     "frag3_late": dict(sync_every=6, sync_delay=6, fragments=3, lr=0.7, mu=0.9, steps=17, taken=9),
     "frag4_short": dict(sync_every=2, sync_delay=1, fragments=4, lr=0.7, mu=0.5, steps=9, taken=5),
-    "warm": dict(sync_every=3, sync_delay=2, warm_start=4, lr=1.0, mu=0.0, steps=12, taken=7),
+    "warm": dict(sync_every=3, sync_delay=2, warm_start=4, fragments=1, lr=1.0, mu=0.0, steps=12, taken=7),
     "warm_frag": dict(sync_every=4, sync_delay=1, warm_start=3, fragments=2, lr=0.7, mu=0.9, steps=11, taken=2),
-    "qsr": dict(sync_every=2, sync_delay=2, warm_start=2, qsr_alpha=1.0, max_sync_every=8, lr=1.0, mu=0.0,
-                steps=40, taken=23),
+    "qsr": dict(sync_every=2, sync_delay=2, warm_start=2, fragments=1, qsr_alpha=1.0, max_sync_every=8, lr=1.0,
+                mu=0.0, steps=40, taken=23),
     "qsr_frag": dict(sync_every=2, sync_delay=1, fragments=2, qsr_alpha=1.0, max_sync_every=8, lr=0.7, mu=0.9,
                      steps=40, taken=20),
     # three fragments in flight together through the averagings that keep a buffer (16-bit cast) or a residual
     # (8-bit) per fragment; taken with all three in flight
     "late_cast": dict(sync_every=6, sync_delay=6, fragments=3, lr=1.0, mu=0.0, steps=17, taken=9, wire="cast"),
     "late_int8": dict(sync_every=6, sync_delay=6, fragments=3, lr=1.0, mu=0.0, steps=17, taken=9, wire="int8"),
+    # fragments="auto": min(H, Toy's 4 tensors), `parts` by hand: H = 2 gives 2 (a fragment a step); H = 6 gives 4
+    # (a fragment a tensor, starting after steps 2, 3, 5 and 6 of a round)
+    "auto_h2": dict(sync_every=2, sync_delay=1, fragments="auto", parts=2, lr=0.7, mu=0.9, steps=9, taken=5),
+    "auto_h6": dict(sync_every=6, sync_delay=2, fragments="auto", parts=4, lr=1.0, mu=0.0, steps=15, taken=8),
+    # the whole model (a checkpoint of the releases before "auto", or of fragments=1) resumed with
+    # fragments="auto" (`resume`), taken with its sync in flight: the checkpoint's one fragment is taken
+    "whole_to_auto": dict(sync_every=4, sync_delay=2, fragments=1, lr=0.7, mu=0.9, steps=13, taken=5,
+                          resume="auto"),
 }
 # their error bound against the float32 reference, per value of each sync's mean, in units of max|delta|: a bf16
 # sum of 3 (each contribution and partial sum rounded once: 3 u with u = 2^-8); an 8-bit value and its residual
 # (3 / 126, as test_diloco.py's)
 WIRE_BOUND = {"cast": 3 * 2.0**-8, "int8": 3 / 126}
 OPTIONS = ("sync_delay", "warm_start", "fragments", "qsr_alpha", "max_sync_every")
+
+
+def parts(c) -> int:
+    """A config's number of fragments (its "auto" worked out by hand: `parts`)."""
+    return c.get("parts", c["fragments"])
 
 
 def learning_rate(step: int, rank: int = 0, disagree: bool = False) -> float:
@@ -93,7 +106,7 @@ def max_delta(name):
                for r in range(WORLD) for k in range(1, c["steps"] + 1)) + 4.0
 
 
-def make(name, model, group, log, steps_of):
+def make(name, model, group, log, steps_of, resumed=False):
     from lightning_mccl.diloco import AllreduceMean, CastMean, DiLoCo, Int8Mean
 
     class Recording:  # every start: (inner step, fragment, offset in the vector, values); the rest is `inner`'s
@@ -108,10 +121,13 @@ def make(name, model, group, log, steps_of):
             return getattr(self.inner, attribute)
 
     c = CONFIGS[name]
+    options = {k: c[k] for k in OPTIONS if k in c}
+    if resumed and "resume" in c:
+        options["fragments"] = c["resume"]
     inner = {"cast": lambda: CastMean(torch.bfloat16, group), "int8": lambda: Int8Mean(group)}.get(
         c.get("wire"), lambda: AllreduceMean(group))()
     return DiLoCo(model, c["sync_every"], outer_lr=c["lr"], outer_momentum=c["mu"], averaging=Recording(inner),
-                  **{k: c[k] for k in OPTIONS if k in c})
+                  **options)
 
 
 def train(name, model, outer, opt, first, last, rank, group, disagree=False):
@@ -157,7 +173,7 @@ def schedule_worker(rank, world):
         outer.finish()
         twin, twin_log = Toy(seed=100 + rank), []
         twin.load_state_dict(weights)
-        again = make(name, twin, group, twin_log, lambda: again.inner_steps)
+        again = make(name, twin, group, twin_log, lambda: again.inner_steps, resumed=True)
         again.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=False))
         twin_opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=learning_rate(c["taken"]))
         again.attach(twin_opt)
@@ -166,7 +182,8 @@ def schedule_worker(rank, world):
         out[name] = {"anchors": torch.stack(anchors + more), "counts": counts + more_counts, "log": log[:trained],
                      "finish_log": log[trained:],
                      "final": model.flat(), "stat": model.stat.clone(), "final_anchor": outer.anchor.clone(),
-                     "resumed": twin.flat(), "resumed_stat": twin.stat.clone(), "rounds": outer.rounds}
+                     "resumed": twin.flat(), "resumed_stat": twin.stat.clone(), "rounds": outer.rounds,
+                     "fragments": (outer.fragments, again.fragments)}
         dist.destroy_process_group(group)
     # two fragments' averagings in flight together, of the same size: each keeps its own 16-bit buffer, and the
     # 8-bit path its own residual
@@ -206,7 +223,7 @@ def reference(name):
     steps after which they ended), the fragments finish() syncs (those with steps since their last sync), and the
     outer group's allreduce count after every step."""
     c = CONFIGS[name]
-    H, tau, F = c["sync_every"], c["sync_delay"], c.get("fragments", 1)
+    H, tau, F = c["sync_every"], c["sync_delay"], parts(c)
     K, alpha, cap = c.get("warm_start", 0), c.get("qsr_alpha"), c.get("max_sync_every")
     cuts = CUTS[F]
     start = Toy(seed=0)
@@ -322,7 +339,7 @@ def test_every_parameter_and_buffer_syncs_exactly_once_a_round(ranks, name):
     the 18 parameter values and the 3 of the buffer exactly once; with fragments each start carries its own cut;
     finish() syncs the fragments with steps since their last sync."""
     _, _, _, ends, unsynced, _ = reference(name)
-    fragments = CONFIGS[name].get("fragments", 1)
+    fragments = parts(CONFIGS[name])
     log = ranks[0][name]["log"]
     assert [entry for r in range(WORLD) for entry in ranks[r][name]["log"]] == log * WORLD, "the ranks' starts differ"
     for f, offset, numel in {(f, o, n) for _, f, o, n in log}:
@@ -340,7 +357,7 @@ def test_every_parameter_and_buffer_syncs_exactly_once_a_round(ranks, name):
     assert [f for _, f, _, _ in ranks[0][name]["finish_log"]] == unsynced
 
 
-@pytest.mark.parametrize("name", ["warm", "warm_frag", "qsr", "qsr_frag", "frag2"])
+@pytest.mark.parametrize("name", ["warm", "warm_frag", "qsr", "qsr_frag", "frag2", "auto_h2", "auto_h6"])
 def test_the_outer_group_runs_one_allreduce_per_fragment_sync_and_one_check_per_scheduled_round(ranks, name):
     """After every step, the outer group's allreduce count (lightning_mccl.stats(group)) is the reference's: in
     the warm start one per fragment every step, then one per fragment a round, plus, with the H schedule, the
@@ -351,10 +368,12 @@ def test_the_outer_group_runs_one_allreduce_per_fragment_sync_and_one_check_per_
         got = ranks[r][name]["counts"]
         assert got == counts, (r, got, counts)
     c = CONFIGS[name]
+    if c["fragments"] == "auto":  # by each round's end, one allreduce per fragment a round
+        assert [counts[end - 1] for end in ends] == [parts(c) * (i + 1) for i in range(len(ends))], (ends, counts)
     lengths = np.diff([0] + ends).tolist()  # of the whole rounds
     if "warm_start" in c:
         assert lengths[:c["warm_start"]] == [1] * c["warm_start"]
-        per_step, check = c.get("fragments", 1), "qsr_alpha" in c  # the first scheduled round's check at its end
+        per_step, check = parts(c), "qsr_alpha" in c  # the first scheduled round's check at its end
         assert counts[:c["warm_start"]] == [per_step * s + check * (s == c["warm_start"])
                                             for s in range(1, c["warm_start"] + 1)]
     if "qsr_alpha" in c:
@@ -370,6 +389,7 @@ def test_resuming_mid_round_equals_the_uninterrupted_run(ranks, name):
     the fragments with steps since their last sync)."""
     for r in range(WORLD):
         got = ranks[r][name]
+        assert got["fragments"] == (parts(CONFIGS[name]),) * 2, (r, got["fragments"])
         assert np.array_equal(got["resumed"], got["final"]), f"rank {r}: the resumed run's weights differ"
         assert np.array_equal(got["resumed_stat"], got["stat"]), f"rank {r}: the resumed run's buffer differs"
 
@@ -389,6 +409,10 @@ def test_ranks_whose_learning_rates_give_different_H_stop_with_an_error_on_every
     (dict(fragments=0), "DiLoCo(fragments=0): expected the number of parts the parameters sync in, an int >= 1"),
     (dict(fragments=5), "DiLoCo(fragments=5): the model has 4 trainable parameter tensors, and each fragment is "
                         "one or more of them"),
+    (dict(fragments="Auto"), "DiLoCo(fragments='Auto'): expected the number of parts the parameters sync in, an "
+                             "int >= 1, or 'auto' (min(sync_every, the trainable parameter tensors))"),
+    (dict(fragments=1.5), "DiLoCo(fragments=1.5): expected the number of parts the parameters sync in"),
+    (dict(fragments=True), "DiLoCo(fragments=True): expected the number of parts the parameters sync in"),
     (dict(qsr_alpha=0.0, max_sync_every=8), "DiLoCo(qsr_alpha=0.0): expected a number > 0"),
     (dict(qsr_alpha=0.01), "DiLoCo(qsr_alpha=0.01): the H schedule needs a cap, max_sync_every (an int >= "
                            "sync_every=4)"),
@@ -414,8 +438,43 @@ def test_the_h_schedule_without_an_optimizer_and_a_checkpoint_of_other_settings_
         outer.step()
     state = DiLoCo(Toy(0), 4, fragments=2).state_dict()
     with pytest.raises(ValueError, match=r"^DiLoCo: the checkpoint's DiLoCo ran with fragments=2, this run has "
-                                         r"fragments=3: resume with the same settings"):
+                                         r"fragments=3: resume with the same settings \(fragments=2, or 'auto', "
+                                         r"which takes the checkpoint's\)$"):
         DiLoCo(Toy(0), 4, fragments=3).load_state_dict(state)
+    with pytest.raises(ValueError, match=r"^DiLoCo: the checkpoint's DiLoCo ran with sync_every=4, this run has "
+                                         r"sync_every=2: resume with the same settings$"):
+        DiLoCo(Toy(0), 2).load_state_dict(state)  # "auto" takes the count, not the other settings
+
+
+class Tensors(torch.nn.Module):
+    """`n` trainable parameter tensors of 3 values each, and a frozen one."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.weights = torch.nn.ParameterList(torch.nn.Parameter(torch.ones(3)) for _ in range(n))
+        self.frozen = torch.nn.Parameter(torch.ones(3), requires_grad=False)
+
+
+def test_auto_fragments_are_h_or_the_trainable_tensors_whichever_is_fewer_and_a_checkpoint_s_when_resuming():
+    """fragments="auto" (the default) is min(sync_every, the trainable parameter tensors) (the runs on 3 ranks
+    above count their allreduces); resuming, it takes the checkpoint's count, which an explicit one must match."""
+    from lightning_mccl.diloco import DiLoCo
+    from lightning_mccl.diloco.settings import FRAGMENTS, resolve_fragments
+
+    assert FRAGMENTS == "auto"
+    assert [DiLoCo(Tensors(n), 4).fragments for n in (1, 2, 4, 10)] == [1, 2, 4, 4]
+    assert [DiLoCo(Tensors(10), h).fragments for h in (1, 3, 12)] == [1, 3, 10]
+    assert DiLoCo(Tensors(10), 4, fragments=1).fragments == 1
+    assert DiLoCo(Tensors(10), 2, qsr_alpha=1.0, max_sync_every=8).fragments == 2  # the base H
+    assert resolve_fragments("auto", 4, 0) == 1 and resolve_fragments(3, 4, 10) == 3
+    with pytest.raises(ValueError, match=r"^DiLoCo\(fragments=1\): the model has 0 trainable parameter tensors"):
+        DiLoCo(Tensors(0), 4)
+    for saved in (1, 2):
+        state = DiLoCo(Tensors(10), 4, fragments=saved).state_dict()
+        resumed = DiLoCo(Tensors(10), 4)
+        resumed.load_state_dict(state)
+        assert (resumed.fragments, len(resumed.outer_optimizers)) == (saved, saved)
+        assert resumed.schedule.settings() == DiLoCo(Tensors(10), 4, fragments=saved).schedule.settings()
 
 
 def test_fragments_are_contiguous_and_balanced():

@@ -22,8 +22,8 @@ FIXTURE = os.path.join(HERE, "fixtures", "diloco_v0")
 
 def test_arguments_and_defaults():
     """compress is the pseudo-gradients' wire type (the default group stays uncompressed); the defaults (H = 4,
-    plain averaging, tau = 1, the options for short jobs off) are declared once, in diloco/settings.py, and shown
-    in both signatures."""
+    plain averaging, tau = 1, fragments "auto", the other options for short jobs off) are declared once, in
+    diloco/settings.py, and shown in both signatures."""
     from lightning_mccl import diloco, wire_policy
     from lightning_mccl.diloco import SYNC_EVERY, DiLoCo
     from lightning_mccl.lightning import MCCLDiLoCoStrategy
@@ -34,7 +34,7 @@ def test_arguments_and_defaults():
     assert (s.warm_start, s.fragments, s.qsr_alpha, s.max_sync_every) == (32, 4, 2e-3, 16)
     short = {"warm_start": diloco.WARM_START, "fragments": diloco.FRAGMENTS, "qsr_alpha": diloco.QSR_ALPHA,
              "max_sync_every": diloco.MAX_SYNC_EVERY}
-    assert short == {"warm_start": 0, "fragments": 1, "qsr_alpha": None, "max_sync_every": None}
+    assert short == {"warm_start": 0, "fragments": "auto", "qsr_alpha": None, "max_sync_every": None}
     assert s.diloco is None and s.outer_group is None  # only during a fit
     assert s._ddp_kwargs == {}  # no DDP argument reaches DistributedDataParallel: the model is never wrapped
     cpu = wire_policy.resolve("bf16", "cpu", "mccl", "MCCLDiLoCoStrategy", diloco=True)
@@ -60,6 +60,10 @@ def test_arguments_and_defaults():
     (dict(outer_momentum=1.5), "MCCLDiLoCoStrategy(outer_momentum=1.5): expected a number in [0, 1)"),
     (dict(warm_start=-1), "MCCLDiLoCoStrategy(warm_start=-1): expected the synchronous inner steps at the start"),
     (dict(fragments=0), "MCCLDiLoCoStrategy(fragments=0): expected the number of parts the parameters sync in"),
+    (dict(fragments="Auto"), "MCCLDiLoCoStrategy(fragments='Auto'): expected the number of parts the parameters "
+                             "sync in, an int >= 1, or 'auto'"),
+    (dict(fragments=1.5), "MCCLDiLoCoStrategy(fragments=1.5): expected the number of parts the parameters sync in"),
+    (dict(fragments=True), "MCCLDiLoCoStrategy(fragments=True): expected the number of parts the parameters sync"),
     (dict(qsr_alpha=1e-3), "MCCLDiLoCoStrategy(qsr_alpha=0.001): the H schedule needs a cap, max_sync_every"),
     (dict(qsr_alpha=1e-3, max_sync_every=2), "MCCLDiLoCoStrategy(max_sync_every=2): expected an int >= "
                                              "sync_every=4"),
@@ -75,6 +79,28 @@ def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError) as info:
         MCCLDiLoCoStrategy(**kwargs)
     assert str(info.value).startswith(message), str(info.value)
+
+
+def test_the_fits_mode_names_the_fragments_auto_resolved_to():
+    """comm_mode() (the end-of-fit summary's line and the accuracy costs' key) names the fit's DiLoCo object's
+    number of fragments: "auto" at H = 4 on a model of 10 parameter tensors is 4, the setting the record
+    measured; fragments=1 the whole model's."""
+    import types
+
+    from lightning_mccl.accuracy_costs import costs
+    from lightning_mccl.diloco import DiLoCo
+    from lightning_mccl.lightning import MCCLDiLoCoStrategy
+
+    model = torch.nn.Sequential(*(torch.nn.Linear(2, 2) for _ in range(5)))
+    modes = []
+    for fragments in ("auto", 1):
+        s = MCCLDiLoCoStrategy(fragments=fragments)
+        s._outer = types.SimpleNamespace(diloco=DiLoCo(model, 4, fragments=fragments))  # as during a fit
+        modes.append(s.comm_mode())
+    assert [m.fragments for m in modes] == [4, 1]
+    assert "H = 4, tau = 1, 4 fragments, plain averaging" in modes[0].describe()
+    assert [c.points for c in costs(modes[0])] == [-11.34]
+    assert "fragments" not in modes[1].describe() and costs(modes[1])[0].points == -12.36
 
 
 def test_a_ddp_argument_is_refused_by_the_signature():
@@ -133,15 +159,17 @@ def test_trainer_settings_that_do_not_fit_are_named_at_setup(no_launch_env, tmp_
 @pytest.mark.slow
 def test_a_checkpoint_of_the_first_diloco_strategy_resumes_to_its_fit(tmp_path):
     """fixtures/diloco_v0 holds rank 0's checkpoint and rank 1's part, and both ranks' final parameters of the fit
-    that made them (3 epochs of 5 steps). Resumed by MCCLDiLoCoStrategy on 2 ranks, the fit takes the remaining 5
-    steps, and ends with the same parameters as that fit: bit for bit on both ranks where the outer step's
-    arithmetic is the same (plain averaging, as here), and both ranks holding the anchor."""
+    that made them (3 epochs of 5 steps). Resumed by MCCLDiLoCoStrategy on 2 ranks, with the default
+    fragments="auto" (it takes the checkpoint's one fragment, the whole model, where a new fit of this model would
+    sync 3), the fit takes the remaining 5 steps, and ends with the same parameters as that fit: bit for bit on
+    both ranks where the outer step's arithmetic is the same (plain averaging, as here), and both ranks holding
+    the anchor."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     shutil.copy(os.path.join(FIXTURE, "step10.ckpt"), ckpt / "last.ckpt")
     shutil.copy(os.path.join(FIXTURE, "step10.ckpt.rank1"), ckpt / "last.ckpt.rank1")
     cmd = [sys.executable, "-m", "lightning_mccl.cli", "launch", "--local", "1", "--nproc-per-node", "2", "--",
-           sys.executable, os.path.join(HERE, "resume_script.py"), str(tmp_path), "--diloco"]
+           sys.executable, os.path.join(HERE, "resume_script.py"), str(tmp_path), "--diloco-auto"]
     proc = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     attempts = (tmp_path / "attempts.rank0.txt").read_text()

@@ -69,7 +69,8 @@ def test_goodput_in_bits_or_bytes():
     (["--sync-every", "4", "--sync-delay", "5"], "sync_delay must be between 1 and sync_every (4), got 5"),
     (["--diloco-wire", "fp8"], "argument --diloco-wire: invalid choice: 'fp8'"),
     (["--methods", "diloco", "--fragments", "999"], "fragments=999 is more than the model's"),
-    (["--fragments", "0"], "argument --fragments"),
+    (["--fragments", "0"], "argument --fragments: must be at least 1, got 0"),
+    (["--fragments", "Auto"], "argument --fragments: 'Auto' is not an integer"),
     (["--compute-scale", "0"], "argument --compute-scale: must be positive, got 0"),
 ])
 def test_bad_arguments_are_named(profile_file, capsys, args, why):
@@ -161,7 +162,7 @@ def _md_row(md: str, title: str) -> list:
 
 
 def test_the_key_comes_before_the_table_and_each_method_has_its_measured_accuracy(tmp_path, capsys):
-    printed, md, steps = _plan(tmp_path, capsys, make_profile())
+    printed, md, steps = _plan(tmp_path, capsys, make_profile(), "--fragments", "1")  # DiLoCo's measured whole
     out = " ".join(printed.out.split())  # rich wraps long lines
     for text, header in ((out, "┃ hosts"), (md, "| hosts |")):  # the key, then the table
         assert text.index("each cell: step ms, samples/s, efficiency, speed-up over one Mac") < text.index(header)
@@ -183,7 +184,7 @@ def test_the_key_comes_before_the_table_and_each_method_has_its_measured_accurac
 
 def test_the_accuracy_row_follows_the_settings_and_the_methods_asked(tmp_path, capsys):
     _, md, _ = _plan(tmp_path, capsys, make_profile(), "--methods", "powersgd,diloco", "--diloco-wire", "float32",
-                     "--sync-every", "2")
+                     "--sync-every", "2", "--fragments", "1")
     assert _md_row(md, "accuracy*") == ["-32.6 ± 3.3", "-5.8 ± 2.6 (256 steps), -1.8 ± 0.1 (1024 steps), "
                                                        "-0.99 ± 0.37 (2048 steps)"]
     assert _md_row(md, "time to accuracy*") == ["-", "-"]  # DDP's step is planned for the ratio, not shown
@@ -193,6 +194,22 @@ def test_the_accuracy_row_follows_the_settings_and_the_methods_asked(tmp_path, c
                      "--fragments", "2")  # the profile's 2 tensors, a fragment each: not measured at H = 4
     assert _md_row(md, "accuracy*") == ["not measured"]
     assert "in 2 allreduces, one fragment of the model each, on the round's staggered steps" in md
+    # the default, "auto": min(H, the profile's 2 tensors), the same 2 fragments, said so
+    _, md, _ = _plan(tmp_path, capsys, make_profile(), "--methods", "diloco", "--diloco-wire", "float32")
+    assert _md_row(md, "accuracy*") == ["not measured"]
+    assert ("in 2 allreduces (fragments auto: min(H, the model's 2 parameter tensors)), one fragment of the model "
+            "each") in md
+
+
+def test_the_default_diloco_row_is_h_fragments_or_one_a_tensor(tmp_path, capsys):
+    """--fragments auto (the default, the strategy's): min(H, the profile's tensors), here its 2 tensors at H = 4
+    and H at H = 1 (the whole model: one allreduce at the round's end)."""
+    steps = {}
+    for given in ([], ["--fragments", "auto"], ["--fragments", "2"], ["--fragments", "1"]):
+        steps[" ".join(given)] = _plan(tmp_path, capsys, make_profile(), "--methods", "diloco", *given)[2]
+    assert steps[""] == steps["--fragments auto"] == steps["--fragments 2"] != steps["--fragments 1"]
+    _, md, _ = _plan(tmp_path, capsys, make_profile(), "--methods", "diloco", "--sync-every", "1")
+    assert "in one allreduce at the round's end (fragments auto: min(H, the model's 2 parameter tensors))" in md
 
 
 @pytest.mark.parametrize("device, name", [("cpu", "Intel Xeon"), ("cuda", "NVIDIA H200")])

@@ -227,13 +227,19 @@ def test_diloco_fragments_spread_the_rounds_allreduce_over_its_steps():
     ceil((f + 1) H / F) of the round, its outer step waits tau steps later; the link sends one allreduce at a time."""
     quarters = [p(f"w{i}", 6_250_000, 0.005) for i in range(4)]  # 4 x 25 MB: 43.75 ms each on 8 hosts, float32
     fast = profile(quarters, forward=0.002, backward=0.008, step=0.01)
-    whole = DiLoCo(4, wire="float32").timing(fast, 8, BARE)
+    whole = DiLoCo(4, wire="float32", fragments=1).timing(fast, 8, BARE)
     assert whole.step_s == pytest.approx((0.04 + 0.175 - 0.01) / 4)
     # H = 4, F = 4, tau 1: a quarter of the model each step, 43.75 ms, behind 10 ms of compute: the link sets the
     # pace, each step as long as one fragment's allreduce (the whole model's 175 ms a round, nothing more)
     four = DiLoCo(4, wire="float32", fragments=4).timing(fast, 8, BARE)
     assert four.step_s == pytest.approx(0.175 / 4)
     assert four.comm_s == pytest.approx(whole.comm_s)
+    # the default, "auto" (the strategy's): min(H, the 4 tensors), so H = 4 is the 4 fragments above, H = 2 two
+    # and H = 8 four (a fragment a tensor)
+    assert DiLoCo(4, wire="float32").timing(fast, 8, BARE) == four
+    assert [DiLoCo(h).parts(fast) for h in (1, 2, 4, 8)] == [1, 2, 4, 4]
+    assert DiLoCo(2, wire="float32").timing(fast, 8, BARE) == DiLoCo(2, wire="float32", fragments=2).timing(
+        fast, 8, BARE)
     # H = 4, F = 2, steps of 50 ms: each half (87.5 ms) starts after steps 2 and 4 and is waited for a step later,
     # 37.5 ms exposed each: a round of 4 x 50 + 2 x 37.5 ms
     slow = profile(quarters, forward=0.01, backward=0.04, step=0.05)
@@ -248,8 +254,10 @@ def test_diloco_fragments_spread_the_rounds_allreduce_over_its_steps():
         (4 * 0.31 + 100e6 * 3e-12) / 4)
     with pytest.raises(ValueError, match="fragments=5 is more than the model's 4 parameter tensors"):
         DiLoCo(4, fragments=5).timing(long, 8, BARE)
-    with pytest.raises(ValueError, match="fragments must be at least 1, got 0"):
-        DiLoCo(4, fragments=0)
+    for bad in (0, 1.5, True, "Auto"):
+        with pytest.raises(ValueError, match=rf"^DiLoCo\(fragments={bad!r}\): expected the number of parts the "
+                                             r"parameters sync in, an int >= 1, or 'auto'"):
+            DiLoCo(4, fragments=bad)
 
 
 def test_diloco_rounds_are_walked_to_their_steady_state(monkeypatch):

@@ -16,10 +16,11 @@ import os
 import time
 from typing import List, Optional, Sequence
 
+from ..diloco.settings import AUTO
 from ..plan.devices import MAC_DEVICE
 from ..plan.link import EXCHANGE_EFFICIENCY, HOOK_LATENCY_S, OP_LATENCY_S, STEP_LATENCY_S, Link
 from ..plan.methods import BF16, DDP, DILOCO_WIRES, METHODS, Int8, PowerSGD
-from ..plan.predict import Settings, build_methods, predict
+from ..plan.predict import Settings, build_methods, on_model, predict
 from ..plan.profile import ProfileError, load, save
 from ..switch.rates import format_rate, line_rate_goodput, parse_rate
 from ..tables import print_table
@@ -63,6 +64,11 @@ def _number(positive: bool, scale: float = 1.0, unit: str = ""):
             raise argparse.ArgumentTypeError(f"must be {'positive' if positive else 'at least 0'}, got {text}")
         return value * scale
     return parse
+
+
+def _fragments(text: str):
+    """--fragments: "auto" or an int >= 1."""
+    return AUTO if text == AUTO else positive_int(text)
 
 
 _positive_float = _number(True)
@@ -131,8 +137,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="DiLoCo's inner steps per outer sync (default: %(default)s)")
     g.add_argument("--sync-delay", type=positive_int, default=s.sync_delay, metavar="TAU",
                    help="DiLoCo's steps between a round's end and its outer step (default: %(default)s)")
-    g.add_argument("--fragments", type=positive_int, default=s.fragments, metavar="F",
-                   help="DiLoCo's parts of the model, each synced on its own step of the round (default: %(default)s)")
+    g.add_argument("--fragments", type=_fragments, default=s.fragments, metavar="F",
+                   help="DiLoCo's parts of the model, each synced on its own step of the round, or auto: min(H, the "
+                        "model's parameter tensors) (default: %(default)s; 1: the whole model at the round's end)")
     g.add_argument("--diloco-wire", choices=DILOCO_WIRES, default=s.diloco_wire,
                    help="DiLoCo's pseudo-gradient on the wire, its compress= (default: %(default)s)")
     g.add_argument("--int8-codec", type=goodput,
@@ -171,6 +178,7 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser, command: Opti
     if args.compute_scale != 1.0:
         profile = profile.scaled(args.compute_scale)
     try:
+        settings = on_model(settings, profile)
         methods = build_methods(args.methods, settings)
         predictions = predict(profile, link, methods, args.hosts)
         ddp = predict(profile, link, build_methods([DDP.name], settings), [max(args.hosts)])
@@ -268,8 +276,10 @@ def assumptions(profile, link, args, settings, methods, unit: str) -> List[str]:
             lines.append(f"{m.name}: rank {settings.powersgd_rank}, {len(m.buckets(profile))} bucket(s) of "
                          f"{m.cap_bytes / MIB:g} MiB{first}, same-shaped matrices batched")
         else:
-            pieces = ("in one allreduce at the round's end" if settings.fragments == 1 else
-                      f"in {settings.fragments} allreduces, one fragment of the model each, on the round's "
+            auto = f" (fragments {AUTO}: min(H, the model's {len(profile.params)} parameter tensors))" \
+                if args.fragments == AUTO else ""
+            pieces = (f"in one allreduce at the round's end{auto}" if settings.fragments == 1 else
+                      f"in {settings.fragments} allreduces{auto}, one fragment of the model each, on the round's "
                       f"staggered steps")
             lines.append(f"diloco: H = {settings.sync_every} inner steps per outer sync, the pseudo-gradient as "
                          f"{settings.diloco_wire} {pieces}, each overlapping the next {settings.sync_delay} "

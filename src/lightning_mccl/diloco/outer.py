@@ -43,7 +43,7 @@ allreduce (a dead peer: the engine's DistBackendError on every rank) raises befo
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -51,13 +51,13 @@ import torch.distributed as dist
 from .. import metal
 from .averaging import AllreduceMean, Averaging, InFlight
 from .schedule import SETTINGS, Schedule, first_release_state, fragment_bounds
-from .settings import (FRAGMENTS, MAX_SYNC_EVERY, OUTER_LR, OUTER_MOMENTUM, QSR_ALPHA, SYNC_DELAY, WARM_START,
-                       check_schedule, check_settings)
+from .settings import (AUTO, FRAGMENTS, MAX_SYNC_EVERY, OUTER_LR, OUTER_MOMENTUM, QSR_ALPHA, SYNC_DELAY,
+                       WARM_START, check_schedule, check_settings, resolve_fragments)
 
 LOCAL_KEYS = ("own", "averaging")  # state_dict entries that differ between ranks
-# A checkpoint's settings where it predates them: those of the releases before the options for short jobs
-FIRST_RELEASE = {"warm_start": WARM_START, "fragments": FRAGMENTS, "qsr_alpha": QSR_ALPHA,
-                 "max_sync_every": MAX_SYNC_EVERY}
+# A checkpoint's settings where it predates them: those of the releases before the options for short jobs (the
+# whole model in one fragment)
+FIRST_RELEASE = {"warm_start": WARM_START, "fragments": 1, "qsr_alpha": QSR_ALPHA, "max_sync_every": MAX_SYNC_EVERY}
 
 
 OuterOptimizer = Callable[[List[torch.Tensor]], torch.optim.Optimizer]  # makes the outer optimizer of the anchor
@@ -107,7 +107,9 @@ class DiLoCo:
         sync_delay: inner steps between a sync's start and its outer step (tau), 1 to sync_every.
         warm_start: the first inner steps synchronous: each a round of one step, its outer step applied at once.
         fragments: the trainable parameters in this many contiguous parts of about equal size, each synced on
-            its own step of the round (schedule.py); at most the number of parameter tensors.
+            its own step of the round (schedule.py); at most the number of parameter tensors. "auto" (the
+            default): min(sync_every, the trainable parameter tensors), or, resuming, the checkpoint's count; 1:
+            the whole model at the round's end.
         qsr_alpha, max_sync_every: the H schedule (schedule.py): H = max(sync_every, floor((qsr_alpha / lr)^2))
             once the inner optimizer's learning rate falls below its peak, at most max_sync_every (needed).
             It reads the learning rate of the optimizer given to `attach`.
@@ -119,55 +121,69 @@ class DiLoCo:
 
     def __init__(self, model: torch.nn.Module, sync_every: int, *, outer_lr: float = OUTER_LR,
                  outer_momentum: float = OUTER_MOMENTUM, outer_optimizer: Optional[OuterOptimizer] = None,
-                 sync_delay: int = SYNC_DELAY, warm_start: int = WARM_START, fragments: int = FRAGMENTS,
+                 sync_delay: int = SYNC_DELAY, warm_start: int = WARM_START,
+                 fragments: Union[int, str] = FRAGMENTS,
                  qsr_alpha: Optional[float] = QSR_ALPHA, max_sync_every: Optional[int] = MAX_SYNC_EVERY,
                  averaging: Optional[Averaging] = None, group: Optional[Any] = None, owner: str = "DiLoCo") -> None:
         check_settings(sync_every, outer_lr, outer_momentum, sync_delay, owner)
         check_schedule(sync_every, warm_start, fragments, qsr_alpha, max_sync_every, owner)
-        self.model, self.owner = model, owner
-        self.schedule = Schedule(sync_every, sync_delay, fragments, warm_start, qsr_alpha, max_sync_every)
+        self.model, self.owner, self.auto_fragments = model, owner, fragments == AUTO
         self.averaging = averaging if averaging is not None else AllreduceMean()
         self.group = group if group is not None else getattr(self.averaging, "group", None)
         self.params, self.buffers, device = synced_tensors(model, owner)
-        if fragments > len(self.params):
-            raise ValueError(f"{owner}(fragments={fragments}): the model has {len(self.params)} trainable "
-                             f"parameter tensors, and each fragment is one or more of them")
         n = sum(p.numel() for p in self.params)
         f32 = dict(dtype=torch.float32, device=device)
         self.anchor, self.own = torch.zeros(n, **f32), torch.zeros(n, **f32)
         self.comm = torch.zeros(n + sum(b.numel() for b in self.buffers), **f32)  # pseudo-gradients, then buffers
         views = _views(self.comm, self.params + self.buffers)
-        self._buffer_views = views[len(self.params):]
+        self._comm_views, self._buffer_views = views, views[len(self.params):]
         self._anchor_views = _views(self.anchor, self.params)
-        # Each fragment's outer optimizer takes the mean pseudo-gradient as its gradient, in place. The default
-        # optimizer sees the fragment's anchor as one vector (so that a fused kernel can run its step); one given
-        # sees it shaped as the parameters, as it would see the model.
-        bounds = fragment_bounds([p.numel() for p in self.params], fragments)
-        offset = [sum(p.numel() for p in self.params[:i]) for i in bounds]
-        self._fragments = []
-        for f, (i, j, lo, hi) in enumerate(zip(bounds, bounds[1:], offset, offset[1:])):
-            last = f == fragments - 1
-            fragment = _Fragment(self.params[i:j], views[i:j], self.anchor[lo:hi], self.own[lo:hi],
-                                 self.comm[lo:hi], self.comm[lo:len(self.comm) if last else hi], last)
-            if outer_optimizer is None:
-                fragment.anchor.grad = fragment.flat
-                make = default_outer_optimizer(float(outer_lr), float(outer_momentum))
-                fragment.optimizer = make([fragment.anchor])
-            else:
-                for view, grad in zip(self._anchor_views[i:j], fragment.views):
-                    view.grad = grad
-                fragment.optimizer = outer_optimizer(self._anchor_views[i:j])
-            self._fragments.append(fragment)
-        self.outer_optimizers = [fragment.optimizer for fragment in self._fragments]
+        self._outer_optimizer = outer_optimizer
+        self._default_optimizer = default_outer_optimizer(float(outer_lr), float(outer_momentum))
+        self._form(Schedule(sync_every, sync_delay, resolve_fragments(fragments, sync_every, len(self.params)),
+                            warm_start, qsr_alpha, max_sync_every))
         # Metal kernels for the per-value work on an MPS tensor, where the ranks agreed on them (metal/): the
         # pseudo-gradient, and the default outer step fused with this rank's correction. None: torch ops.
         self._kernels = metal.kernels(self.group, device)
         self._fused_step = self._kernels is not None and outer_optimizer is None
         self.inner_steps = 0  # inner optimizer steps taken
-        self._in_flight: List[Optional[InFlight]] = [None] * fragments  # each fragment's averaging until waited for
         self._check: Optional[List[Any]] = None  # the H schedule's agreement in flight: [work, tensor, round, H]
         self._hook: Optional[Any] = None  # the inner optimizer's step post-hook (attach)
         self._optimizer: Optional[torch.optim.Optimizer] = None  # the inner optimizer (attach)
+
+    def _form(self, schedule: Schedule) -> None:
+        """Cuts the parameters into `schedule.fragments` fragments, each with a new outer optimizer, and starts
+        `schedule` (at the beginning: nothing in flight)."""
+        count = schedule.fragments
+        if count > len(self.params):
+            raise ValueError(f"{self.owner}(fragments={count}): the model has {len(self.params)} trainable "
+                             f"parameter tensors, and each fragment is one or more of them")
+        self.schedule = schedule
+        # Each fragment's outer optimizer takes the mean pseudo-gradient as its gradient, in place. The default
+        # optimizer sees the fragment's anchor as one vector (so that a fused kernel can run its step); one given
+        # sees it shaped as the parameters, as it would see the model.
+        bounds = fragment_bounds([p.numel() for p in self.params], count)
+        offset = [sum(p.numel() for p in self.params[:i]) for i in bounds]
+        self._fragments = []
+        for f, (i, j, lo, hi) in enumerate(zip(bounds, bounds[1:], offset, offset[1:])):
+            last = f == count - 1
+            fragment = _Fragment(self.params[i:j], self._comm_views[i:j], self.anchor[lo:hi], self.own[lo:hi],
+                                 self.comm[lo:hi], self.comm[lo:len(self.comm) if last else hi], last)
+            if self._outer_optimizer is None:
+                fragment.anchor.grad = fragment.flat
+                fragment.optimizer = self._default_optimizer([fragment.anchor])
+            else:
+                for view, grad in zip(self._anchor_views[i:j], fragment.views):
+                    view.grad = grad
+                fragment.optimizer = self._outer_optimizer(self._anchor_views[i:j])
+            self._fragments.append(fragment)
+        self.outer_optimizers = [fragment.optimizer for fragment in self._fragments]
+        self._in_flight: List[Optional[InFlight]] = [None] * count  # each fragment's averaging until waited for
+
+    @property
+    def fragments(self) -> int:
+        """The number of fragments the parameters sync in ("auto" resolved, or a resumed checkpoint's)."""
+        return self.schedule.fragments
 
     @property
     def rounds(self) -> int:
@@ -342,18 +358,23 @@ class DiLoCo:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restores `state_dict()` into a DiLoCo made with the same settings, on the model whose (this rank's)
         weights were restored already; also the state of the releases before fragments, and of the first
-        releases, whose outer step was SGD with its momentum as one vector ("momentum"). ValueError when the
-        settings or the sizes differ."""
+        releases, whose outer step was SGD with its momentum as one vector ("momentum"). With fragments="auto"
+        the checkpoint's number of fragments is taken (the parameters cut anew). ValueError when the settings
+        or the sizes differ."""
         saved = {name: state.get(name, FIRST_RELEASE.get(name)) for name in SETTINGS}
-        mine = self.schedule.settings()
+        mine = {**self.schedule.settings(), **({"fragments": saved["fragments"]} if self.auto_fragments else {})}
         if saved != mine:
             differ = [name for name in SETTINGS if saved[name] != mine[name]]
+            also = (f" (fragments={saved['fragments']}, or {AUTO!r}, which takes the checkpoint's)"
+                    if "fragments" in differ else "")
             raise ValueError(f"{self.owner}: the checkpoint's DiLoCo ran with "
                              f"{', '.join(f'{k}={saved[k]!r}' for k in differ)}, this run has "
-                             f"{', '.join(f'{k}={mine[k]!r}' for k in differ)}: resume with the same settings")
+                             f"{', '.join(f'{k}={mine[k]!r}' for k in differ)}: resume with the same settings{also}")
         if state["anchor"].numel() != self.anchor.numel():
             raise ValueError(f"{self.owner}: the checkpoint's anchor has {state['anchor'].numel()} values, this "
                              f"model's trainable parameters {self.anchor.numel()}")
+        if mine["fragments"] != self.fragments:
+            self._form(Schedule(**mine))
         first_releases = "schedule" not in state
         schedule = first_release_state(state, mine["sync_every"], mine["sync_delay"]) if first_releases \
             else state["schedule"]

@@ -13,14 +13,14 @@ warm-up, or a constant rate), then max(sync_every, floor((alpha / lr)^2)), at mo
 as the learning rate falls. Every rank must decide the same H; outer.py checks that they did.
 
 **Fragments** (Streaming DiLoCo: Douillard et al., arXiv 2501.18512). The trainable parameters, in the order
-of the model's, are cut into F contiguous parts of about equal size (`fragment_bounds`), each synced and moved
-by its own outer step on its own step of the round: in a round that begins after inner step s and is H steps
-long, fragment f starts its sync after step s + ceil((f + 1) H / F), so the last one syncs at the round's end
-(with F = 1, the whole model at the round's end), and with F <= H each step starts at most one. Each sync then
-carries about 1/F of the model and has tau steps of compute to hide behind, and a fragment's part of the
-anchor moves only at its own outer step. The floating-point buffers travel with the last fragment. When a
-shorter round (the H schedule) brings a fragment's next sync closer than tau, its outer step applies just
-before that sync starts.
+of the model's, are cut into F contiguous parts of about equal size (`fragment_bounds`; F = min(sync_every, the
+parameter tensors) unless given: settings.resolve_fragments), each synced and moved by its own outer step on its
+own step of the round: in a round that begins after inner step s and is H steps long, fragment f starts its sync
+after step s + ceil((f + 1) H / F), so the last one syncs at the round's end (with F = 1, the whole model at the
+round's end), and with F <= H each step starts at most one. Each sync then carries about 1/F of the model and
+has tau steps of compute to hide behind, and a fragment's part of the anchor moves only at its own outer step.
+The floating-point buffers travel with the last fragment. When a shorter round (the H schedule) brings a
+fragment's next sync closer than tau, its outer step applies just before that sync starts.
 
 **One inner step** t runs, in this order: the outer steps due at t (`due`: started before t; so with tau = H a
 fragment's outer step applies before its next sync starts), the syncs that start at t (`starting`), the outer
@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
-
-from .settings import FRAGMENTS, MAX_SYNC_EVERY, QSR_ALPHA, SYNC_DELAY, WARM_START
 
 SETTINGS = ("sync_every", "sync_delay", "warm_start", "fragments", "qsr_alpha", "max_sync_every")
 
@@ -68,11 +66,11 @@ def qsr_length(sync_every: int, alpha: float, lr: float, cap: int) -> int:
 
 class Schedule:
     """The position of one DiLoCo in its schedule (module docstring): the current round, and each fragment's
-    sync in flight. Knows nothing of tensors: outer.py asks it what to do at each step and tells it what it did."""
+    sync in flight. Knows nothing of tensors: outer.py asks it what to do at each step and tells it what it did.
+    Its settings are DiLoCo's, checked, with the number of fragments resolved (settings.resolve_fragments)."""
 
-    def __init__(self, sync_every: int, sync_delay: int = SYNC_DELAY, fragments: int = FRAGMENTS,
-                 warm_start: int = WARM_START, qsr_alpha: Optional[float] = QSR_ALPHA,
-                 max_sync_every: Optional[int] = MAX_SYNC_EVERY) -> None:
+    def __init__(self, sync_every: int, sync_delay: int, fragments: int, warm_start: int,
+                 qsr_alpha: Optional[float], max_sync_every: Optional[int]) -> None:
         self.sync_every, self.sync_delay, self.fragments = sync_every, sync_delay, fragments
         self.warm_start, self.qsr_alpha, self.max_sync_every = warm_start, qsr_alpha, max_sync_every
         self.round_start = 0  # the inner step after which the current round began

@@ -2,7 +2,7 @@
 them here), and their checks. No torch here, so that `mccl plan` reads them without loading it."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Union
 
 # The outer step's defaults: plain averaging of the ranks' progress every round (local SGD). The DiLoCo paper's
 # Nesterov 0.7 / 0.9 (for H = 500) lost far more at H = 2-32 (docs/diloco.md, "Choosing H, tau and the learning
@@ -14,11 +14,14 @@ OUTER_MOMENTUM = 0.0
 SYNC_EVERY = 4
 # Inner steps between a round's end and its outer step (tau).
 SYNC_DELAY = 1
-# The options for short jobs (docs/diloco.md, "Options for short jobs"), all off by default until a sweep says
+# The options for short jobs (docs/diloco.md, "Options for short jobs"), off by default until a sweep says
 # otherwise. warm_start: the first K inner steps each a round of one step whose outer step applies at once.
 WARM_START = 0
 # fragments: the trainable parameters in F parts, each synced on its own step of the round (Streaming DiLoCo).
-FRAGMENTS = 1
+# "auto": F = min(H, the trainable parameter tensors) (resolve_fragments), a fragment a step: as fast as the
+# whole model synced at the round's end or faster, at the same accuracy (docs/diloco.md, "Fragments").
+AUTO = "auto"
+FRAGMENTS = AUTO
 # qsr_alpha: the H schedule, H = max(sync_every, floor((alpha / lr)^2)) once the learning rate falls below its
 # peak (QSR), at most max_sync_every (which it needs). None: H = sync_every throughout.
 QSR_ALPHA = None
@@ -31,6 +34,13 @@ def _int_at_least(value: Any, low: int) -> bool:
 
 def _positive_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def resolve_fragments(fragments: Union[int, str], sync_every: int, tensors: int) -> int:
+    """The number of fragments `fragments` (an int, or "auto") stands for, with rounds of `sync_every` steps (the
+    base H with the H schedule) and a model of `tensors` trainable parameter tensors: "auto" is
+    min(sync_every, tensors) (1 for a model without any, which DiLoCo then refuses)."""
+    return max(1, min(sync_every, tensors)) if fragments == AUTO else fragments
 
 
 def check_settings(sync_every: Any, outer_lr: Any, outer_momentum: Any, sync_delay: Any, owner: str) -> None:
@@ -47,6 +57,14 @@ def check_settings(sync_every: Any, outer_lr: Any, outer_momentum: Any, sync_del
         raise ValueError(f"{owner}(outer_momentum={outer_momentum!r}): expected a number in [0, 1)")
 
 
+def check_fragments(fragments: Any, owner: str) -> None:
+    """ValueError naming the setting unless `fragments` is an int >= 1 or "auto" (the number is checked against
+    the model's parameters where they are known)."""
+    if fragments != AUTO and not _int_at_least(fragments, 1):
+        raise ValueError(f"{owner}(fragments={fragments!r}): expected the number of parts the parameters sync in, an "
+                         f"int >= 1, or {AUTO!r} (min(sync_every, the trainable parameter tensors))")
+
+
 def check_schedule(sync_every: int, warm_start: Any, fragments: Any, qsr_alpha: Any, max_sync_every: Any,
                    owner: str) -> None:
     """ValueError naming the setting of the options for short jobs that DiLoCo cannot run with (after
@@ -54,9 +72,7 @@ def check_schedule(sync_every: int, warm_start: Any, fragments: Any, qsr_alpha: 
     if not _int_at_least(warm_start, 0):
         raise ValueError(f"{owner}(warm_start={warm_start!r}): expected the synchronous inner steps at the start, an "
                          f"int >= 0")
-    if not _int_at_least(fragments, 1):
-        raise ValueError(f"{owner}(fragments={fragments!r}): expected the number of parts the parameters sync in, an "
-                         f"int >= 1")
+    check_fragments(fragments, owner)
     if qsr_alpha is not None and not _positive_number(qsr_alpha):
         raise ValueError(f"{owner}(qsr_alpha={qsr_alpha!r}): expected a number > 0 (the H schedule's alpha), or "
                          f"None (H = sync_every throughout)")

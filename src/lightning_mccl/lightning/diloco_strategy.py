@@ -53,7 +53,9 @@ class MCCLDiLoCoStrategy(MCCLBase):
         warm_start: the first optimizer steps synchronous (each rank's progress averaged after every step);
             default 0.
         fragments: the parameters in this many parts, each synced on its own step of the round (Streaming
-            DiLoCo: each allreduce about 1/fragments of the model); default 1.
+            DiLoCo: each allreduce about 1/fragments of the model); default "auto": min(sync_every, the model's
+            trainable parameter tensors), a fragment a step, or, resuming, the checkpoint's count. 1: the whole
+            model at the round's end.
         qsr_alpha, max_sync_every: the H schedule: H = max(sync_every, floor((qsr_alpha / lr)^2)) once the
             optimizer's learning rate falls below its peak, at most max_sync_every (needed); default None (off).
         compress: how the pseudo-gradients travel (wire_policy.py): "bf16"/"fp16" (the engine narrows on the wire
@@ -73,7 +75,7 @@ class MCCLDiLoCoStrategy(MCCLBase):
         outer_momentum: float = OUTER_MOMENTUM,
         outer_optimizer: Optional[OuterOptimizer] = None,
         warm_start: int = WARM_START,
-        fragments: int = FRAGMENTS,
+        fragments: Union[int, str] = FRAGMENTS,
         qsr_alpha: Optional[float] = QSR_ALPHA,
         max_sync_every: Optional[int] = MAX_SYNC_EVERY,
         compress: Optional[DiLoCoCompress] = None,
@@ -114,9 +116,11 @@ class MCCLDiLoCoStrategy(MCCLBase):
 
     @override
     def comm_mode(self) -> Mode:
+        """During a fit (CommMetrics asks at its start): its fragments are the DiLoCo object's count, "auto"
+        resolved against the model (or a resumed checkpoint's)."""
         plain = self.outer_optimizer is None and (self.outer_lr, self.outer_momentum) == (OUTER_LR, OUTER_MOMENTUM)
         return Mode(DILOCO, self.compress, sync_every=self.sync_every, sync_delay=self.sync_delay,
-                    plain_averaging=plain, fragments=self.fragments)
+                    plain_averaging=plain, fragments=self.diloco.fragments)
 
     @override
     def configure_ddp(self) -> None:

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 from .. import wire_policy
 from ..diloco.schedule import fragment_bounds, offsets
-from ..diloco.settings import FRAGMENTS
+from ..diloco.settings import FRAGMENTS, check_fragments, resolve_fragments
 from ..wire_policy import ROWS
 from .buckets import MIB, Bucket, buckets
 from .link import BF16_WIRE_EFFICIENCY, Link
@@ -143,7 +143,8 @@ DILOCO_WIRES = tuple(ROWS[c].name for c in (None, *wire_policy.DILOCO_CHOICES) i
 
 class DiLoCo:
     """DiLoCo's rounds as the strategy schedules them (lightning_mccl.diloco.schedule): H inner steps, each the
-    compute step; the parameters in F fragments of about equal size (one with F = 1), fragment f's
+    compute step; the parameters in F fragments of about equal size (one with F = 1; "auto": min(H, the
+    profile's parameter tensors), as the strategy resolves it, `parts`), fragment f's
     pseudo-gradient computed on the device after step ceil((f + 1) H / F) of the round and its allreduce
     started, its outer step applied tau steps later, first waiting for whatever of that allreduce the tau steps
     did not hide. The allreduces share the link one after another. The step is a round's average, in the steady
@@ -152,15 +153,14 @@ class DiLoCo:
     name = DILOCO
 
     def __init__(self, sync_every: int, sync_delay: int = 1, wire: str = wire_policy.BF16,
-                 codec_Bps: Optional[float] = None, fragments: int = FRAGMENTS):
+                 codec_Bps: Optional[float] = None, fragments: Union[int, str] = FRAGMENTS):
         if sync_every < 1:
             raise ValueError(f"sync_every must be at least 1, got {sync_every}")
         if not 1 <= sync_delay <= sync_every:
             raise ValueError(f"sync_delay must be between 1 and sync_every ({sync_every}), got {sync_delay}")
         if wire not in DILOCO_WIRES:
             raise ValueError(f"DiLoCo's pseudo-gradient travels as {', '.join(DILOCO_WIRES)}, not {wire!r}")
-        if fragments < 1:
-            raise ValueError(f"fragments must be at least 1, got {fragments}")
+        check_fragments(fragments, "DiLoCo")
         self.sync_every, self.sync_delay, self.wire, self.codec_Bps = sync_every, sync_delay, wire, codec_Bps
         self.fragments = fragments
 
@@ -173,13 +173,18 @@ class DiLoCo:
             return link.allreduce_s(numel * BF16_BYTES, n, rate_Bps=BF16_WIRE_EFFICIENCY * link.goodput_Bps)
         return link.allreduce_s(nbytes, n)
 
+    def parts(self, profile: Profile) -> int:
+        """The number of fragments on `profile`'s model: "auto" resolved as the strategy resolves it."""
+        return resolve_fragments(self.fragments, self.sync_every, len(profile.params))
+
     def timing(self, profile: Profile, n: int, link: Link) -> Timing:
         if n < 2:
             return Timing(profile.step_s, 0.0)
         params = profile.params[::-1]  # the model's order (the profile's is backward's)
-        if self.fragments > len(params):
-            raise ValueError(f"fragments={self.fragments} is more than the model's {len(params)} parameter tensors")
-        bounds = fragment_bounds([p.numel for p in params], self.fragments)
+        fragments = self.parts(profile)
+        if fragments > len(params):
+            raise ValueError(f"fragments={fragments} is more than the model's {len(params)} parameter tensors")
+        bounds = fragment_bounds([p.numel for p in params], fragments)
         parts = [params[a:b] for a, b in zip(bounds, bounds[1:])]
         k = profile.kernels
         syncs = []

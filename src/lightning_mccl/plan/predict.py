@@ -7,8 +7,8 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import List, Optional, Sequence, Union
 
 from ..diloco.settings import FRAGMENTS, SYNC_DELAY, SYNC_EVERY
 from ..wire_policy import BF16 as BF16_WIRE, INT8, POWERSGD, ROWS
@@ -34,9 +34,15 @@ class Settings:
     int8_bucket_mb: float = INT8_BUCKET_MB
     sync_every: int = SYNC_EVERY
     sync_delay: int = SYNC_DELAY
-    fragments: int = FRAGMENTS
+    fragments: Union[int, str] = FRAGMENTS  # "auto": min(sync_every, the model's parameter tensors)
     diloco_wire: str = BF16_WIRE  # DiLoCo's compress: float32, bf16, int8
     int8_codec_Bps: Optional[float] = None  # the engine's int8 codec rate, wire bytes/s (None: the link's)
+
+
+def on_model(s: Settings, profile: Profile) -> Settings:
+    """`s` on `profile`'s model: DiLoCo's fragments as a number ("auto" resolved, methods.DiLoCo.parts), for
+    what names them beside the timings (the accuracy rows, the assumptions)."""
+    return replace(s, fragments=DiLoCo(s.sync_every, fragments=s.fragments).parts(profile))
 
 
 def build_methods(names: Sequence[str], s: Settings) -> list:
