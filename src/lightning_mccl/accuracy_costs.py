@@ -99,6 +99,7 @@ COSTS: Dict[tuple, Tuple[Cost, ...]] = {
     (DILOCO, 4, 4, FLOAT32): _sweep((256, -33.77, 2.39)),
     (DILOCO, 4, 1, BF16): _sweep((256, -12.39, 5.19)),
     (DILOCO, 4, 1, FLOAT32, 4): (Cost(-11.34, 3.00, 3, 256, DILOCO_SHORT),),
+    (DILOCO, 3, 1, FLOAT32, 3): (Cost(-7.71, 2.35, 3, 256, DILOCO_SHORT),),  # the strategy's defaults
 }
 
 

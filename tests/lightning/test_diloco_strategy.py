@@ -48,7 +48,7 @@ def test_arguments_and_defaults():
         assert (params["outer_lr"].default, params["outer_momentum"].default, params["sync_delay"].default) \
             == (1.0, 0.0, 1), fn
         assert {name: params[name].default for name in short} == short, fn
-    assert inspect.signature(MCCLDiLoCoStrategy.__init__).parameters["sync_every"].default == SYNC_EVERY == 4
+    assert inspect.signature(MCCLDiLoCoStrategy.__init__).parameters["sync_every"].default == SYNC_EVERY == 3
     ddp_only = {"ddp_comm_hook", "ddp_comm_state", "ddp_comm_wrapper", "bucket_cap_mb", "find_unused_parameters",
                 "static_graph", "compress_options", "kwargs"}
     assert not ddp_only & set(inspect.signature(MCCLDiLoCoStrategy.__init__).parameters)
@@ -66,7 +66,7 @@ def test_arguments_and_defaults():
     (dict(fragments=True), "MCCLDiLoCoStrategy(fragments=True): expected the number of parts the parameters sync"),
     (dict(qsr_alpha=1e-3), "MCCLDiLoCoStrategy(qsr_alpha=0.001): the H schedule needs a cap, max_sync_every"),
     (dict(qsr_alpha=1e-3, max_sync_every=2), "MCCLDiLoCoStrategy(max_sync_every=2): expected an int >= "
-                                             "sync_every=4"),
+                                             "sync_every=3"),
     (dict(compress="powersgd"), "MCCLDiLoCoStrategy(compress='powersgd'): DiLoCo's pseudo-gradients travel as "
                                 "compress='bf16' or 'fp16' or 'int8' or float32"),
     (dict(compress="bf16_hook"), "MCCLDiLoCoStrategy(compress='bf16_hook'): DiLoCo's pseudo-gradients travel as"),
@@ -94,7 +94,7 @@ def test_the_fits_mode_names_the_fragments_auto_resolved_to():
     model = torch.nn.Sequential(*(torch.nn.Linear(2, 2) for _ in range(5)))
     modes = []
     for fragments in ("auto", 1):
-        s = MCCLDiLoCoStrategy(fragments=fragments)
+        s = MCCLDiLoCoStrategy(sync_every=4, fragments=fragments)
         s._outer = types.SimpleNamespace(diloco=DiLoCo(model, 4, fragments=fragments))  # as during a fit
         modes.append(s.comm_mode())
     assert [m.fragments for m in modes] == [4, 1]

@@ -47,7 +47,7 @@ def test_modes_are_found_as_the_strategies_name_them():
     assert costs(Mode(compress="powersgd", powersgd_rank=1))[0].points == -32.56
     assert costs(Mode(compress="powersgd", powersgd_rank=4))[0].points == -10.51
     assert costs(Mode(compress="powersgd", powersgd_rank=2)) is None
-    fleet = Mode(DILOCO, "bf16", sync_every=4, sync_delay=1)  # the strategy's defaults, compress="bf16"
+    fleet = Mode(DILOCO, "bf16", sync_every=4, sync_delay=1)  # H = 4, the whole model, compress="bf16"
     assert [c.steps for c in costs(fleet)] == [256]
     assert [c.steps for c in costs(Mode(DILOCO, None, sync_every=4, sync_delay=1))] == [256, 1024, 2048]
     assert costs(Mode(DILOCO, None, sync_every=4, sync_delay=1, plain_averaging=False)) is None
@@ -58,6 +58,10 @@ def test_modes_are_found_as_the_strategies_name_them():
     assert costs(Mode(DILOCO, "bf16", sync_every=4, sync_delay=1, fragments=4)) is None
     assert "H = 4, tau = 1, 4 fragments, plain averaging" in summary_line(
         Mode(DILOCO, None, sync_every=4, sync_delay=1, fragments=4))
+    # the strategy's defaults (H = 3, "auto": 3 fragments on a model of 3 or more tensors), float32: measured
+    assert [(c.points, c.seeds) for c in costs(Mode(DILOCO, None, sync_every=3, sync_delay=1, fragments=3))] \
+        == [(-7.71, 3)]
+    assert costs(Mode(DILOCO, None, sync_every=3, sync_delay=1)) is None  # H = 3, the whole model: not measured
 
 
 def test_the_summary_line_names_the_mode_its_cost_and_the_record():

@@ -302,8 +302,7 @@ def test_build_methods_names_an_unknown_one():
 
 def test_the_plans_defaults_are_the_strategys():
     """The plan reads the strategies' defaults where they are declared (the wire policy's rows, DiLoCo's
-    settings), and the fleet's DiLoCo config trains with their tau and wire type (its H, 3, is the fine-tuning
-    job's own: docs/scaling.md says to give the plan the H you train with)."""
+    settings), and the fleet's DiLoCo config trains with them."""
     from lightning_mccl import wire_policy
     from lightning_mccl.diloco.settings import FRAGMENTS, SYNC_DELAY, SYNC_EVERY
 
@@ -316,4 +315,5 @@ def test_the_plans_defaults_are_the_strategys():
     config = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "vit_fleet24_diloco.yaml")
     with open(config) as f:
         strategy = yaml.safe_load(f)["trainer"]["strategy"]["init_args"]
-    assert (s.sync_delay, s.diloco_wire) == (strategy["sync_delay"], strategy["compress"])
+    assert (s.sync_every, s.sync_delay, s.diloco_wire) == (
+        strategy["sync_every"], strategy["sync_delay"], strategy["compress"])

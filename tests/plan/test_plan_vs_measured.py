@@ -39,13 +39,13 @@ def test_each_rows_method_comes_from_its_columns():
         m = plan_vs_measured.method_of(r, powersgd_rank=4)
         return m and (m[0], m[1].bucket_mb, m[1].first_bucket_mb, m[1].powersgd_rank, m[1].sync_every,
                       m[1].sync_delay, m[1].diloco_wire, m[1].powersgd_bucket_mb)
-    assert kind(row("mccl")) == ("ddp", 25.0, 1.0, 1, 4, 1, "bf16", 1000.0)  # DDP's own buckets
+    assert kind(row("mccl")) == ("ddp", 25.0, 1.0, 1, 3, 1, "bf16", 1000.0)  # DDP's own buckets
     assert kind(row("m5", ddp="bucket_cap_mb=5.0"))[:3] == ("ddp", 5.0, 5.0)
     assert kind(row("b", hook="bf16_hook", ddp="bucket_cap_mb=5.0"))[0] == "bf16"
     i = plan_vs_measured.method_of(row("i", hook="int8", ddp="bucket_cap_mb=5.0"), powersgd_rank=4)
     assert (i[0], i[1].int8_bucket_mb, i[1].first_bucket_mb) == ("int8", 5.0, 5.0)
     assert kind(row("p", hook="powersgd_batched", ddp="bucket_cap_mb=1000.0")) == (
-        "powersgd", 5.0, 1000.0, 4, 4, 1, "bf16", 1000.0)
+        "powersgd", 5.0, 1000.0, 4, 3, 1, "bf16", 1000.0)
     assert kind(row("d", wire="bf16", sync_every="16", sync_delay="2"))[4:7] == (16, 2, "bf16")
     assert kind(row("d32", sync_every="8", sync_delay="1"))[6] == "float32"
     fragments = plan_vs_measured.method_of(row("f4", wire="bf16", sync_every="4", sync_delay="1", fragments="4"), 1)

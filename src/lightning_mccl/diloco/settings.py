@@ -10,8 +10,8 @@ from typing import Any, Union
 OUTER_LR = 1.0
 OUTER_MOMENTUM = 0.0
 # Inner steps per round when not given (MCCLDiLoCoStrategy, `mccl plan`): docs/diloco.md, "Choosing H, tau and
-# the learning rates for 2-24 Macs", says why 4.
-SYNC_EVERY = 4
+# the learning rates for 2-24 Macs", says why 3.
+SYNC_EVERY = 3
 # Inner steps between a round's end and its outer step (tau).
 SYNC_DELAY = 1
 # The options for short jobs (docs/diloco.md, "Options for short jobs"), off by default until a sweep says

@@ -42,7 +42,7 @@ class MCCLDiLoCoStrategy(MCCLBase):
     """DiLoCo over `mccl`: one process per device (one per Mac on MPS), an outer sync every `sync_every` steps.
 
     Args:
-        sync_every: inner optimizer steps per round (H; default 4, docs/diloco.md says why).
+        sync_every: inner optimizer steps per round (H; default 3, docs/diloco.md says why).
         sync_delay: inner optimizer steps between a round's end and its outer step (tau), 1 to sync_every: the
             time the outer allreduce has to run while training goes on.
         outer_lr, outer_momentum: the default outer optimizer's learning rate and Nesterov momentum (defaults 1

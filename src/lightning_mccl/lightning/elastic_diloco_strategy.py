@@ -40,7 +40,7 @@ class MCCLElasticDiLoCoStrategy(MCCLElasticStrategy):
     """Elastic DiLoCo (module docstring).
 
     Args:
-        sync_every: inner optimizer steps (batches) per round, H (default 4).
+        sync_every: inner optimizer steps (batches) per round, H (default 3).
         outer_lr, outer_momentum, outer_optimizer: the outer step, as `MCCLDiLoCoStrategy`'s (defaults: lr 1,
             no momentum: the members' weights averaged, weighted by their samples).
         The rest are `MCCLElasticStrategy`'s (settings, global_batch: the samples of one inner step over all
