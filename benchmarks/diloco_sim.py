@@ -23,7 +23,8 @@ one model on the global batch, as synchronous DDP | single: worker 0 alone), H, 
 workers, batch (per worker), steps (the budget: 256 steps of 8 x 8 images is convergence.py's), sync_steps (that
 many first steps synchronous, the workers' gradients averaged as by DDP, before DiLoCo starts from the weights they
 reached: post-local SGD), and DiLoCo's options for short jobs: warm (its warm_start: that many first steps each a
-round of one step applied at once, the workers' progress averaged after their own AdamW steps), fragments, qsr
+round of one step applied at once, the workers' progress averaged after their own AdamW steps), fragments (1, the
+whole model, unless given: not the strategy's "auto"), qsr
 (qsr_alpha, 0: off) and H_max (max_sync_every, with qsr), e.g. `frag4:H=4,fragments=4`, `warm32:H=4,warm=32`,
 `qsr:H=4,qsr=0.002,H_max=16`. benchmarks/record/diloco.md ("What DiLoCo costs in accuracy") has the sweep's
 results.

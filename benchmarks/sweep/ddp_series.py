@@ -12,7 +12,8 @@ engine, an optional DDP comm hook and DDP's own settings.
     mccl+diloco:H=32:delay=1     DiLoCo (lightning_mccl.diloco) instead of DDP: the model unwrapped, an outer
                                  allreduce every H steps applied `delay` steps later (default 1);
                                  mccl-bf16+diloco:H=32 sends the pseudo-gradients in bf16; frag=F syncs the
-                                 model in F fragments on staggered steps (DiLoCo's `fragments`, default 1)
+                                 model in F fragments on staggered steps (DiLoCo's `fragments`; default 1, the
+                                 whole model, as the record's series ran, not the strategy's "auto")
     ...:label=NAME               the label in the table (default: the text itself)
 
 A process group reads MCCL_WIRE_DTYPE and the other MCCL_* variables when it is made, and a launch makes one, so
